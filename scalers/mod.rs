@@ -1,0 +1,139 @@
+//! Triggers: one file per scaler.
+//!
+//! A trigger parses its metadata into a typed config and measures one value
+//! from its source. It never decides, sleeps, caches or retries: the driver
+//! does that. Adding a trigger is one new file here plus one word in the
+//! `registry!` line below.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::metadata::{MetadataError, Params};
+
+registry!(redis);
+
+/// What one ScaledObject trigger measures, and what it compares it with.
+#[derive(Clone)]
+pub struct Trigger {
+    /// The `scaler` value that chose this trigger.
+    pub scaler: &'static str,
+    /// The metric name reported to KEDA (KEDA adds its own `sN-` prefix).
+    pub metric_name: String,
+    /// Target value per replica (`listLength`, `lagThreshold`, ...).
+    pub target: f64,
+    /// Active when the value is strictly above this.
+    pub activation_target: f64,
+    pub query: Query,
+}
+
+/// A question asked of a source. Triggers whose queries have equal keys
+/// share one poller and one source call per interval.
+#[derive(Clone)]
+pub struct Query {
+    /// Identity of the question. May carry fingerprints of credentials (two
+    /// passwords are two questions) but never a secret in clear.
+    pub key: String,
+    /// For logs, errors and status: names the source, never a secret.
+    pub description: String,
+    pub source: Arc<dyn Source>,
+}
+
+/// Something that can be measured.
+pub trait Source: Send + Sync + 'static {
+    /// Measures the current value once. The caller bounds it with a timeout
+    /// and may drop the future at any point.
+    fn observe(&self) -> BoxFuture<'_, Result<f64, ObserveError>>;
+}
+
+/// Why a measurement failed. Messages never contain secrets.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ObserveError {
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    #[error("credentials refused: {0}")]
+    Auth(String),
+    #[error("query failed: {0}")]
+    Query(String),
+    #[error("unusable configuration: {0}")]
+    Config(String),
+}
+
+/// One entry of the registry: the `scaler` values a trigger file handles
+/// and its parser.
+pub struct Kind {
+    pub scalers: &'static [&'static str],
+    pub parse: fn(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError>,
+}
+
+macro_rules! registry {
+    ($($module:ident),* $(,)?) => {
+        $(pub mod $module;)*
+        /// Every trigger hoist knows.
+        pub static REGISTRY: &[&Kind] = &[$(&$module::KIND),*];
+    };
+}
+use registry;
+
+/// Every valid `scaler` value, in registry order.
+pub fn scaler_names() -> Vec<&'static str> {
+    REGISTRY
+        .iter()
+        .flat_map(|kind| kind.scalers.iter().copied())
+        .collect()
+}
+
+/// Parses the trigger selected by `scaler`.
+pub fn parse(scaler: &str, params: &Params) -> Result<Trigger, MetadataError> {
+    for kind in REGISTRY {
+        if let Some(name) = kind.scalers.iter().find(|name| **name == scaler) {
+            return (kind.parse)(name, params);
+        }
+    }
+    Err(MetadataError::invalid(
+        "scaler",
+        format!(
+            "unknown scaler `{scaler}`; valid scalers are: {}",
+            scaler_names().join(", ")
+        ),
+    ))
+}
+
+/// A metric name KEDA and the HPA accept: every character outside
+/// `[A-Za-z0-9_-]` becomes `-` (a superset of KEDA's `NormalizeString`).
+pub fn metric_name(raw: &str) -> String {
+    raw.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_names_lose_characters_keda_rejects() {
+        assert_eq!(metric_name("redis-mylist"), "redis-mylist");
+        assert_eq!(metric_name("redis-a/b.c:d%e(f)"), "redis-a-b-c-d-e-f-");
+        assert_eq!(metric_name("redis-jobs queue"), "redis-jobs-queue");
+    }
+
+    #[test]
+    fn unknown_scaler_lists_the_valid_ones() {
+        let md = Default::default();
+        let auth = Default::default();
+        let err = parse("rabbitmq", &Params::new(&md, &auth)).err().unwrap();
+        let message = err.to_string();
+        assert!(message.contains("`scaler`"), "{message}");
+        assert!(message.contains("rabbitmq"), "{message}");
+        for name in scaler_names() {
+            assert!(message.contains(name), "{message} lacks {name}");
+        }
+    }
+}

@@ -1,0 +1,514 @@
+//! `scaler: redis | redis-cluster | redis-sentinel`: the length of a Redis
+//! list (or set, sorted set, hash), with the keys, defaults and validation
+//! of KEDA's built-in Redis scalers.
+
+use std::net::IpAddr;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
+use tokio::sync::Mutex;
+
+use super::{Kind, ObserveError, Query, Source, Trigger, metric_name};
+use crate::metadata::{MetadataError, Origin, Params};
+use crate::secret::{Secret, fingerprint};
+
+pub static KIND: Kind = Kind {
+    scalers: &["redis", "redis-cluster", "redis-sentinel"],
+    parse,
+};
+
+const DEFAULT_PORT: u16 = 6379;
+
+/// Counts the key whatever its type, in one round trip, as KEDA does.
+/// A missing key is an empty list.
+const LENGTH_SCRIPT: &str = r"
+local t = redis.call('TYPE', KEYS[1]).ok
+if t == 'zset' then return redis.call('ZCARD', KEYS[1])
+elseif t == 'set' then return redis.call('SCARD', KEYS[1])
+elseif t == 'hash' then return redis.call('HLEN', KEYS[1])
+elseif t == 'list' or t == 'none' then return redis.call('LLEN', KEYS[1])
+else return redis.error_reply('key holds a ' .. t .. ', which has no length hoist can count')
+end";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Standalone,
+    Cluster,
+    Sentinel,
+}
+
+/// TLS settings; the PEM material comes from an auth profile (`ca`,
+/// `cert`, `key`, `keyPassword`), as KEDA takes it from TriggerAuthentication.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    pub unsafe_ssl: bool,
+    pub ca: Option<String>,
+    pub cert: Option<String>,
+    pub key: Secret,
+    pub key_password: Secret,
+}
+
+/// The typed form of the metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    pub mode: Mode,
+    pub list_name: String,
+    pub list_length: i64,
+    pub activation_list_length: i64,
+    pub database_index: i64,
+    /// `host:port` as given (or joined from `hosts` and `ports`).
+    pub addresses: Vec<String>,
+    pub hosts: Option<Vec<String>>,
+    pub ports: Option<Vec<String>>,
+    pub username: String,
+    pub password: Secret,
+    pub sentinel_username: String,
+    pub sentinel_password: Secret,
+    pub sentinel_master: String,
+    pub enable_tls: bool,
+    pub unsafe_ssl: bool,
+    pub ca: String,
+    pub cert: String,
+    pub key: Secret,
+    pub key_password: Secret,
+}
+
+use Origin::{Auth, Env, Metadata};
+
+/// KEDA's `redisMetadata` and `redisConnectionInfo`, key by key.
+pub fn parse_config(mode: Mode, params: &Params) -> Result<RedisConfig, MetadataError> {
+    let list_length = params.number(&["listLength"], &[Metadata], 5_i64)?;
+    let activation_list_length = params.number(&["activationListLength"], &[Metadata], 0_i64)?;
+    let list_name = params
+        .required(&["listName"], &[Metadata], "name the list (or set, sorted set, hash) to count")?
+        .value
+        .to_string();
+    let database_index = params.number(&["databaseIndex"], &[Metadata], 0_i64)?;
+    if database_index < 0 {
+        return Err(MetadataError::invalid("databaseIndex", "must not be negative"));
+    }
+
+    let mut addresses = params
+        .list(&["address", "addresses"], &[Metadata, Auth, Env])
+        .map(|(_, items)| items)
+        .unwrap_or_default();
+    let hosts = params.list(&["host", "hosts"], &[Metadata, Env, Auth]);
+    let ports = params.list(&["port", "ports"], &[Metadata, Env, Auth]);
+    if let (Some((hosts_key, hosts)), Some((_, ports))) = (&hosts, &ports) {
+        if hosts.len() != ports.len() {
+            return Err(MetadataError::invalid(
+                hosts_key.clone(),
+                format!(
+                    "{} hosts but {} ports: give one port per host",
+                    hosts.len(),
+                    ports.len()
+                ),
+            ));
+        }
+        addresses.extend(hosts.iter().zip(ports).map(|(h, p)| join_host_port(h, p)));
+    }
+    if addresses.first().is_none_or(|a| a.is_empty()) {
+        let key = if mode == Mode::Standalone { "address" } else { "addresses" };
+        return Err(MetadataError::missing(
+            key,
+            "no address given: set `address` (host:port, or a comma list for cluster and sentinel), or `host` and `port`",
+        ));
+    }
+    // Standalone Redis uses the first address only, as KEDA does.
+    let in_use = if mode == Mode::Standalone { &addresses[..1] } else { &addresses[..] };
+    for address in in_use {
+        split_host_port(address).map_err(|reason| MetadataError::invalid("address", reason))?;
+    }
+
+    let string = |names: &[&str], order: &[Origin]| params.string(names, order).unwrap_or_default();
+    let username = string(&["username"], &[Metadata, Env, Auth]);
+    let password = Secret::new(string(&["password"], &[Metadata, Env, Auth]));
+    let sentinel_username = string(&["sentinelUsername"], &[Metadata, Auth, Env]);
+    let sentinel_password = Secret::new(string(&["sentinelPassword"], &[Metadata, Auth, Env]));
+    let sentinel_master = string(&["sentinelMaster"], &[Metadata, Auth, Env]);
+    let unsafe_ssl = params.boolean(&["unsafeSsl"], &[Metadata], false)?;
+    let cert = string(&["Cert", "cert"], &[Auth]);
+    let key = Secret::new(string(&["key"], &[Auth]));
+    let key_password = Secret::new(string(&["keyPassword"], &[Auth]));
+    let ca = string(&["ca"], &[Auth]);
+
+    let metadata_tls = params.find(&["enableTLS"], &[Metadata]);
+    let auth_tls = params.find(&["tls"], &[Auth]);
+    let enable_tls = match (metadata_tls, auth_tls) {
+        (Some(_), Some(_)) => {
+            return Err(MetadataError::invalid(
+                "enableTLS",
+                "TLS is set both in metadata (`enableTLS`) and in the auth profile (`tls`); set it in one place",
+            ));
+        }
+        (Some(found), None) => crate::metadata::parse_go_bool(found.value).ok_or_else(|| {
+            MetadataError::invalid("enableTLS", format!("`{}` is not a boolean", found.value))
+        })?,
+        (None, Some(found)) => match found.value {
+            "enable" => true,
+            "disable" => false,
+            other => {
+                return Err(MetadataError::invalid(
+                    "tls",
+                    format!("`{other}` is not `enable` or `disable`"),
+                ));
+            }
+        },
+        (None, None) => false,
+    };
+
+    Ok(RedisConfig {
+        mode,
+        list_name,
+        list_length,
+        activation_list_length,
+        database_index,
+        addresses,
+        hosts: hosts.map(|(_, items)| items),
+        ports: ports.map(|(_, items)| items),
+        username,
+        password,
+        sentinel_username,
+        sentinel_password,
+        sentinel_master,
+        enable_tls,
+        unsafe_ssl,
+        ca,
+        cert,
+        key,
+        key_password,
+    })
+}
+
+fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError> {
+    let mode = match scaler {
+        "redis-cluster" => Mode::Cluster,
+        "redis-sentinel" => Mode::Sentinel,
+        _ => Mode::Standalone,
+    };
+    let config = parse_config(mode, params)?;
+    Ok(Trigger {
+        scaler,
+        metric_name: metric_name(&format!("redis-{}", config.list_name)),
+        target: config.list_length as f64,
+        activation_target: config.activation_list_length as f64,
+        query: Query {
+            key: query_key(scaler, &config),
+            description: describe(scaler, &config),
+            source: std::sync::Arc::new(RedisSource::new(config)),
+        },
+    })
+}
+
+/// Everything that changes the answer or the connection, secrets
+/// fingerprinted.
+fn query_key(scaler: &str, c: &RedisConfig) -> String {
+    format!(
+        "{scaler}|{}|db={}|user={}|sentinel={}/{}|tls={}/{}|ca={}|cert={}|secrets={:x}|list={}",
+        c.addresses.join(","),
+        c.database_index,
+        c.username,
+        c.sentinel_master,
+        c.sentinel_username,
+        c.enable_tls,
+        c.unsafe_ssl,
+        c.ca,
+        c.cert,
+        fingerprint(&[&c.password, &c.sentinel_password, &c.key, &c.key_password]),
+        c.list_name,
+    )
+}
+
+fn describe(scaler: &str, c: &RedisConfig) -> String {
+    match c.mode {
+        Mode::Standalone => format!(
+            "{scaler} list `{}` on {} db {}",
+            c.list_name, c.addresses[0], c.database_index
+        ),
+        Mode::Cluster => format!("{scaler} list `{}` on {}", c.list_name, c.addresses.join(",")),
+        Mode::Sentinel => format!(
+            "{scaler} list `{}` on master `{}` via {}",
+            c.list_name,
+            c.sentinel_master,
+            c.addresses.join(",")
+        ),
+    }
+}
+
+/// `net.JoinHostPort`: brackets around IPv6 hosts.
+fn join_host_port(host: &str, port: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// `host:port`, `[v6]:port`, or a bare host (port 6379). An empty host
+/// means this machine, as in Go's dialer.
+fn split_host_port(address: &str) -> Result<(String, u16), String> {
+    let (host, port) = if let Some(rest) = address.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("`{address}` has `[` without `]`"))?;
+        match after.strip_prefix(':') {
+            Some(port) => (host, Some(port)),
+            None if after.is_empty() => (host, None),
+            None => return Err(format!("`{address}` is not host:port")),
+        }
+    } else if address.parse::<IpAddr>().is_ok() {
+        (address, None)
+    } else {
+        match address.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (address, None),
+        }
+    };
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(port) => port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("`{port}` in `{address}` is not a port number"))?,
+    };
+    let host = if host.is_empty() { "localhost" } else { host };
+    Ok((host.to_string(), port))
+}
+
+/// The connection a poller keeps between polls.
+enum Connection {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn length(&mut self, script: &redis::Script, key: &str) -> redis::RedisResult<i64> {
+        let invocation = script.key(key);
+        match self {
+            Connection::Single(c) => invocation.invoke_async(c).await,
+            Connection::Cluster(c) => invocation.invoke_async(c).await,
+        }
+    }
+}
+
+pub struct RedisSource {
+    config: RedisConfig,
+    script: redis::Script,
+    /// Taken out for each call and put back only after a complete answer,
+    /// so a call cut off by the driver's timeout leaves no half-used
+    /// connection behind: the next call dials again.
+    connection: Mutex<Option<Connection>>,
+}
+
+impl RedisSource {
+    pub fn new(config: RedisConfig) -> Self {
+        Self {
+            config,
+            script: redis::Script::new(LENGTH_SCRIPT),
+            connection: Mutex::new(None),
+        }
+    }
+
+    async fn measure(&self) -> Result<f64, ObserveError> {
+        let mut slot = self.connection.lock().await;
+        let mut connection = match slot.take() {
+            Some(connection) => connection,
+            None => self.connect().await?,
+        };
+        let length = connection
+            .length(&self.script, &self.config.list_name)
+            .await
+            .map_err(classify)?;
+        *slot = Some(connection);
+        Ok(length as f64)
+    }
+
+    async fn connect(&self) -> Result<Connection, ObserveError> {
+        let c = &self.config;
+        match c.mode {
+            Mode::Standalone => {
+                let info = self.node_info(&c.addresses[0], c.database_index)?;
+                let client = match self.certificates()? {
+                    Some(certs) => redis::Client::build_with_tls(info, certs),
+                    None => redis::Client::open(info),
+                }
+                .map_err(classify)?;
+                let connection = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(classify)?;
+                Ok(Connection::Single(connection))
+            }
+            Mode::Cluster => {
+                let nodes = c
+                    .addresses
+                    .iter()
+                    .map(|a| self.node_info(a, 0))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes);
+                if let Some(certs) = self.certificates()? {
+                    builder = builder.certs(certs);
+                }
+                let client = builder.build().map_err(classify)?;
+                let connection = client.get_async_connection().await.map_err(classify)?;
+                Ok(Connection::Cluster(connection))
+            }
+            Mode::Sentinel => {
+                if c.sentinel_master.is_empty() {
+                    return Err(ObserveError::Config(
+                        "`sentinelMaster` is empty: name the master the sentinels watch".into(),
+                    ));
+                }
+                let sentinels = c
+                    .addresses
+                    .iter()
+                    .map(|a| self.address(a))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut builder = redis::sentinel::SentinelClientBuilder::new(
+                    sentinels,
+                    &c.sentinel_master,
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .map_err(classify)?
+                .set_client_to_redis_db(c.database_index);
+                if c.enable_tls {
+                    let mode = tls_mode(c.unsafe_ssl);
+                    builder = builder
+                        .set_client_to_redis_tls_mode(mode)
+                        .set_client_to_sentinel_tls_mode(mode);
+                    if let Some(certs) = self.certificates()? {
+                        builder = builder
+                            .set_client_to_redis_certificates(certs.clone())
+                            .set_client_to_sentinel_certificates(certs);
+                    }
+                }
+                if !c.username.is_empty() {
+                    builder = builder.set_client_to_redis_username(&c.username);
+                }
+                if !c.password.is_empty() {
+                    builder = builder.set_client_to_redis_password(c.password.expose());
+                }
+                if !c.sentinel_username.is_empty() {
+                    builder = builder.set_client_to_sentinel_username(&c.sentinel_username);
+                }
+                if !c.sentinel_password.is_empty() {
+                    builder = builder.set_client_to_sentinel_password(c.sentinel_password.expose());
+                }
+                let mut client = builder.build().map_err(classify)?;
+                let connection = client.get_async_connection().await.map_err(classify)?;
+                Ok(Connection::Single(connection))
+            }
+        }
+    }
+
+    fn address(&self, address: &str) -> Result<ConnectionAddr, ObserveError> {
+        let (host, port) = split_host_port(address).map_err(ObserveError::Config)?;
+        Ok(if self.config.enable_tls {
+            ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: self.config.unsafe_ssl,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host, port)
+        })
+    }
+
+    fn node_info(&self, address: &str, db: i64) -> Result<ConnectionInfo, ObserveError> {
+        let mut redis = RedisConnectionInfo::default().set_db(db);
+        if !self.config.username.is_empty() {
+            redis = redis.set_username(&self.config.username);
+        }
+        if !self.config.password.is_empty() {
+            redis = redis.set_password(self.config.password.expose());
+        }
+        let info = self
+            .address(address)?
+            .into_connection_info()
+            .map_err(classify)?;
+        Ok(info.set_redis_settings(redis))
+    }
+
+    /// Client certificate and CA from the auth profile, when TLS is on.
+    fn certificates(&self) -> Result<Option<redis::TlsCertificates>, ObserveError> {
+        let c = &self.config;
+        if !c.enable_tls || (c.ca.is_empty() && c.cert.is_empty()) {
+            return Ok(None);
+        }
+        if !c.key_password.is_empty() {
+            return Err(ObserveError::Config(
+                "`keyPassword`: encrypted client keys are not supported; give hoist the key unencrypted".into(),
+            ));
+        }
+        let client_tls = match (c.cert.is_empty(), c.key.is_empty()) {
+            (true, _) => None,
+            (false, true) => {
+                return Err(ObserveError::Config(
+                    "`cert` is set but `key` is empty: a client certificate needs its key".into(),
+                ));
+            }
+            (false, false) => Some(redis::ClientTlsConfig {
+                client_cert: c.cert.as_bytes().to_vec(),
+                client_key: c.key.expose().as_bytes().to_vec(),
+            }),
+        };
+        let root_cert = (!c.ca.is_empty()).then(|| c.ca.as_bytes().to_vec());
+        Ok(Some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
+}
+
+fn tls_mode(unsafe_ssl: bool) -> redis::TlsMode {
+    if unsafe_ssl {
+        redis::TlsMode::Insecure
+    } else {
+        redis::TlsMode::Secure
+    }
+}
+
+/// Sorts a Redis error into what went wrong. Redis' own messages carry no
+/// credentials, so they are kept for the user.
+fn classify(error: redis::RedisError) -> ObserveError {
+    use redis::ErrorKind;
+    let message = error.to_string();
+    match error.kind() {
+        ErrorKind::AuthenticationFailed => ObserveError::Auth(message),
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => ObserveError::Connect(message),
+        ErrorKind::InvalidClientConfig => ObserveError::Config(message),
+        _ if error.is_connection_refusal() || error.is_io_error() || error.is_timeout() => {
+            ObserveError::Connect(message)
+        }
+        _ if message.contains("WRONGPASS") || message.contains("NOAUTH") => ObserveError::Auth(message),
+        _ => ObserveError::Query(message),
+    }
+}
+
+impl Source for RedisSource {
+    fn observe(&self) -> BoxFuture<'_, Result<f64, ObserveError>> {
+        self.measure().boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_forms() {
+        assert_eq!(split_host_port("a:1").unwrap(), ("a".into(), 1));
+        assert_eq!(split_host_port("none").unwrap(), ("none".into(), 6379));
+        assert_eq!(split_host_port(":7001").unwrap(), ("localhost".into(), 7001));
+        assert_eq!(split_host_port("[::1]:7").unwrap(), ("::1".into(), 7));
+        assert_eq!(split_host_port("::1").unwrap(), ("::1".into(), 6379));
+        assert!(split_host_port("a:port").unwrap_err().contains("`port`"));
+        assert!(split_host_port("a:0").is_err());
+        assert_eq!(join_host_port("::1", "7"), "[::1]:7");
+    }
+}

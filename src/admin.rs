@@ -1,0 +1,61 @@
+//! The admin HTTP listener: `/healthz`, `/readyz`, `/metrics`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub registry: Arc<Registry>,
+    /// True while hoist is serving; false while starting or shutting down.
+    pub ready: watch::Receiver<bool>,
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// Alive as long as the process answers.
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
+    if *state.ready.borrow() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: starting or shutting down\n",
+        )
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        ),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "cannot encode metrics\n".to_string(),
+        ),
+    }
+}

@@ -1,0 +1,414 @@
+//! hoist's own configuration: built-in defaults < optional TOML file <
+//! `HOIST_`-prefixed environment variables < command-line flags.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::metadata::{AuthParams, MetadataError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot load configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("invalid configuration: `{key}`: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub grpc: GrpcSettings,
+    pub admin: AdminSettings,
+    pub log: LogSettings,
+    pub polling: PollingSettings,
+    /// How long shutdown may take before hoist exits anyway.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Named credentials a ScaledObject can use with `authRef: <name>`.
+    pub auth: BTreeMap<String, AuthProfile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcSettings {
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSettings {
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// A `tracing` filter: `info`, `hoist=debug,info`, ...
+    pub level: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PollingSettings {
+    /// Used when a trigger sets no `pollingInterval`.
+    #[serde(with = "humantime_serde")]
+    pub default_interval: Duration,
+    /// Bound on one source call when a trigger sets no `timeout`.
+    #[serde(with = "humantime_serde")]
+    pub default_timeout: Duration,
+    /// A trigger nobody asked about for this long is dropped with its poller.
+    #[serde(with = "humantime_serde")]
+    pub idle_after: Duration,
+}
+
+/// One auth profile: KEDA auth param names (`password`, `username`,
+/// `sentinelPassword`, `ca`, `cert`, `key`, ...) to where their values are.
+pub type AuthProfile = BTreeMap<String, AuthValue>;
+
+/// Where a credential lives. A plain string is the value itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum AuthValue {
+    Env { env: String },
+    File { file: PathBuf },
+    Literal(String),
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            grpc: GrpcSettings::default(),
+            admin: AdminSettings::default(),
+            log: LogSettings::default(),
+            polling: PollingSettings::default(),
+            shutdown_grace: Duration::from_secs(10),
+            auth: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for GrpcSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+        }
+    }
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 9091)),
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".to_string(),
+        }
+    }
+}
+
+impl Default for PollingSettings {
+    fn default() -> Self {
+        Self {
+            default_interval: Duration::from_secs(30),
+            default_timeout: Duration::from_secs(3),
+            idle_after: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Command-line values that override everything else; `None` leaves the
+/// lower layers' value.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub grpc_listen: Option<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    pub log_format: Option<LogFormat>,
+    pub log_level: Option<String>,
+}
+
+impl Settings {
+    /// Loads the layers: defaults, `file`, `HOIST_*` variables from `env`,
+    /// then `overrides`. Nested keys in variables use `__`:
+    /// `HOIST_GRPC__LISTEN=0.0.0.0:9090`, `HOIST_POLLING__DEFAULT_INTERVAL=15s`.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &Overrides,
+    ) -> Result<Self, ConfigError> {
+        let env: config::Map<String, String> = env
+            .into_iter()
+            .filter(|(key, _)| key.starts_with("HOIST_"))
+            .collect();
+        let mut builder =
+            config::Config::builder().add_source(config::Config::try_from(&Settings::default())?);
+        if let Some(file) = file {
+            builder = builder.add_source(
+                config::File::from(file)
+                    .format(config::FileFormat::Toml)
+                    .required(true),
+            );
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("HOIST")
+                .prefix_separator("_")
+                .separator("__")
+                .source(Some(env)),
+        );
+        if let Some(listen) = overrides.grpc_listen {
+            builder = builder.set_override("grpc.listen", listen.to_string())?;
+        }
+        if let Some(listen) = overrides.admin_listen {
+            builder = builder.set_override("admin.listen", listen.to_string())?;
+        }
+        if let Some(format) = overrides.log_format {
+            let name = match format {
+                LogFormat::Text => "text",
+                LogFormat::Json => "json",
+            };
+            builder = builder.set_override("log.format", name)?;
+        }
+        if let Some(level) = &overrides.log_level {
+            builder = builder.set_override("log.level", level.as_str())?;
+        }
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let positive = [
+            ("polling.default_interval", self.polling.default_interval),
+            ("polling.default_timeout", self.polling.default_timeout),
+            ("polling.idle_after", self.polling.idle_after),
+        ];
+        for (key, value) in positive {
+            if value.is_zero() {
+                return Err(ConfigError::Invalid {
+                    key: key.to_string(),
+                    reason: "must be more than zero".to_string(),
+                });
+            }
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(ConfigError::Invalid {
+                key: "log.level".to_string(),
+                reason: format!("`{}` is not a tracing filter (try `info`)", self.log.level),
+            });
+        }
+        Ok(())
+    }
+
+    /// The settings with every literal credential replaced by `***`, for
+    /// printing. Env var names and file paths stay: they are not secrets.
+    pub fn masked(&self) -> Settings {
+        let mut masked = self.clone();
+        for profile in masked.auth.values_mut() {
+            for value in profile.values_mut() {
+                if let AuthValue::Literal(literal) = value {
+                    *literal = "***".to_string();
+                }
+            }
+        }
+        masked
+    }
+
+    pub fn auth_profiles(&self) -> AuthProfiles {
+        AuthProfiles {
+            profiles: self.auth.clone(),
+        }
+    }
+}
+
+/// The auth profiles, resolved on demand so rotated files are picked up
+/// by the next trigger that uses them.
+#[derive(Debug, Clone, Default)]
+pub struct AuthProfiles {
+    profiles: BTreeMap<String, AuthProfile>,
+}
+
+impl AuthProfiles {
+    pub fn new(profiles: BTreeMap<String, AuthProfile>) -> Self {
+        Self { profiles }
+    }
+
+    /// Reads every value of the profile `name`.
+    pub fn resolve(&self, name: &str) -> Result<AuthParams, MetadataError> {
+        let profile = self.profiles.get(name).ok_or_else(|| {
+            let known: Vec<&str> = self.profiles.keys().map(String::as_str).collect();
+            MetadataError::AuthProfile {
+                profile: name.to_string(),
+                reason: if known.is_empty() {
+                    "hoist's config defines no auth profiles".to_string()
+                } else {
+                    format!(
+                        "not defined in hoist's config (defined: {})",
+                        known.join(", ")
+                    )
+                },
+            }
+        })?;
+        let fail = |reason: String| MetadataError::AuthProfile {
+            profile: name.to_string(),
+            reason,
+        };
+        let mut params = AuthParams::new();
+        for (param, value) in profile {
+            let resolved = match value {
+                AuthValue::Literal(literal) => literal.clone(),
+                AuthValue::Env { env } => std::env::var(env).map_err(|_| {
+                    fail(format!(
+                        "`{param}` reads environment variable `{env}`, which is not set"
+                    ))
+                })?,
+                AuthValue::File { file } => std::fs::read_to_string(file).map_err(|error| {
+                    fail(format!("`{param}` reads `{}`: {error}", file.display()))
+                })?,
+            };
+            params.insert(param.to_ascii_lowercase(), resolved);
+        }
+        Ok(params)
+    }
+
+    /// Every profile that cannot be resolved now, with the reason.
+    pub fn problems(&self) -> Vec<MetadataError> {
+        self.profiles
+            .keys()
+            .filter_map(|name| self.resolve(name).err())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_the_documentation() {
+        let settings = Settings::load(None, env(&[]), &Overrides::default()).unwrap();
+        assert_eq!(settings, Settings::default());
+        assert_eq!(settings.grpc.listen.to_string(), "0.0.0.0:9090");
+        assert_eq!(settings.admin.listen.to_string(), "0.0.0.0:9091");
+        assert_eq!(settings.polling.default_interval, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn layers_apply_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hoist.toml");
+        std::fs::write(
+            &file,
+            r#"
+shutdown_grace = "3s"
+[grpc]
+listen = "127.0.0.1:1000"
+[admin]
+listen = "127.0.0.1:2000"
+[log]
+level = "debug"
+[polling]
+default_interval = "15s"
+"#,
+        )
+        .unwrap();
+        let variables = env(&[
+            ("HOIST_ADMIN__LISTEN", "127.0.0.1:3000"),
+            ("HOIST_POLLING__DEFAULT_INTERVAL", "5s"),
+            ("HOIST_LOG__LEVEL", "warn"),
+            ("OTHER_THING", "ignored"),
+        ]);
+        let overrides = Overrides {
+            log_level: Some("error".into()),
+            ..Default::default()
+        };
+        let settings = Settings::load(Some(&file), variables, &overrides).unwrap();
+        assert_eq!(settings.grpc.listen.to_string(), "127.0.0.1:1000"); // file
+        assert_eq!(settings.admin.listen.to_string(), "127.0.0.1:3000"); // env beats file
+        assert_eq!(settings.polling.default_interval, Duration::from_secs(5));
+        assert_eq!(settings.log.level, "error"); // flag beats env
+        assert_eq!(settings.shutdown_grace, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let err = Settings::load(
+            None,
+            env(&[("HOIST_POLLING__DEFAULT_TIMEOUT", "0s")]),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("polling.default_timeout"), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hoist.toml");
+        std::fs::write(&file, "[grpc]\nlisten = \"nowhere\"\n").unwrap();
+        let err = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("listen"), "{err}");
+    }
+
+    #[test]
+    fn auth_profiles_resolve_literals_env_and_files_and_mask_literals() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret_file = dir.path().join("password");
+        std::fs::write(&secret_file, "from-file").unwrap();
+        let file = dir.path().join("hoist.toml");
+        std::fs::write(
+            &file,
+            format!(
+                r#"
+[auth.orders-redis]
+username = "app"
+password = {{ file = "{}" }}
+[auth.broken]
+password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
+"#,
+                secret_file.display()
+            ),
+        )
+        .unwrap();
+        let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
+        let profiles = settings.auth_profiles();
+        let params = profiles.resolve("orders-redis").unwrap();
+        assert_eq!(params["username"], "app");
+        assert_eq!(params["password"], "from-file");
+
+        let problems = profiles.problems();
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0]
+                .to_string()
+                .contains("HOIST_TEST_SURELY_UNSET_VARIABLE")
+        );
+
+        let err = profiles.resolve("missing").unwrap_err();
+        assert!(err.to_string().contains("broken, orders-redis"), "{err}");
+
+        let masked = toml::to_string(&settings.masked()).unwrap();
+        assert!(!masked.contains("\"app\""), "{masked}");
+        assert!(masked.contains("***"), "{masked}");
+    }
+}

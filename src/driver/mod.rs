@@ -1,0 +1,372 @@
+//! The driver: background pollers shared by every ScaledObject that asks
+//! the same question, a cache of their readings, and the bookkeeping of who
+//! asked what. It is the only layer with a clock and tasks.
+
+mod poller;
+mod reading;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use poller::Poller;
+pub use poller::Schedule;
+pub use reading::{PollError, Reading};
+
+use crate::config::AuthProfiles;
+use crate::metadata::MetadataError;
+use crate::metrics::Metrics;
+use crate::trigger::{self, Defaults, TriggerConfig};
+
+#[derive(Debug, Clone)]
+pub struct DriverSettings {
+    pub defaults: Defaults,
+    /// A trigger nobody asked about for this long is dropped.
+    pub idle_after: Duration,
+}
+
+/// Who is asking: KEDA identifies a trigger by its ScaledObject and its
+/// whole metadata map (one ScaledObject may have several triggers).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TriggerKey {
+    pub namespace: String,
+    pub name: String,
+    metadata: Vec<(String, String)>,
+}
+
+impl TriggerKey {
+    pub fn new(namespace: String, name: String, metadata: HashMap<String, String>) -> Self {
+        let mut metadata: Vec<_> = metadata.into_iter().collect();
+        metadata.sort_unstable();
+        Self {
+            namespace,
+            name,
+            metadata,
+        }
+    }
+
+    fn metadata_map(&self) -> HashMap<String, String> {
+        self.metadata.iter().cloned().collect()
+    }
+}
+
+/// A trigger hoist is tracking, and the reading of its source.
+pub struct Tracked {
+    pub key: TriggerKey,
+    pub config: TriggerConfig,
+    id: u64,
+    readings: watch::Receiver<Reading>,
+    last_seen_ms: AtomicU64,
+    open_streams: AtomicUsize,
+    epoch: Instant,
+}
+
+impl Tracked {
+    /// The latest reading, without waiting.
+    pub fn latest(&self) -> Reading {
+        self.readings.borrow().clone()
+    }
+
+    /// The latest reading; while the first measurement is still running,
+    /// waits for it up to the trigger's timeout.
+    pub async fn current(&self) -> Reading {
+        let mut readings = self.readings.clone();
+        let first = readings.wait_for(|reading| *reading != Reading::Pending);
+        match tokio::time::timeout(self.config.timeout, first).await {
+            Ok(Ok(reading)) => reading.clone(),
+            _ => self.latest(),
+        }
+    }
+
+    /// A receiver that wakes on every new reading.
+    pub fn watch(&self) -> watch::Receiver<Reading> {
+        self.readings.clone()
+    }
+
+    /// Marks the trigger as wanted, postponing its eviction.
+    pub fn touch(&self) {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        self.last_seen_ms.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Holds the trigger against eviction while a `StreamIsActive` stream
+    /// is open; dropping the guard releases it.
+    pub fn stream_guard(self: &Arc<Self>) -> StreamGuard {
+        self.open_streams.fetch_add(1, Ordering::Relaxed);
+        StreamGuard(self.clone())
+    }
+
+    fn idle_for(&self, now: Instant) -> Duration {
+        let last_seen =
+            self.epoch + Duration::from_millis(self.last_seen_ms.load(Ordering::Relaxed));
+        now.saturating_duration_since(last_seen)
+    }
+
+    pub fn is_active(&self, value: f64) -> bool {
+        value > self.config.trigger.activation_target
+    }
+}
+
+pub struct StreamGuard(Arc<Tracked>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.open_streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+struct Inner {
+    settings: DriverSettings,
+    profiles: AuthProfiles,
+    metrics: Arc<Metrics>,
+    /// Lock order: `triggers` before `pollers`.
+    triggers: RwLock<HashMap<TriggerKey, Arc<Tracked>>>,
+    pollers: Mutex<HashMap<String, Poller>>,
+    cancel: CancellationToken,
+    next_id: AtomicU64,
+    epoch: Instant,
+}
+
+/// Cheap to clone: every clone is the same driver.
+#[derive(Clone)]
+pub struct Driver {
+    inner: Arc<Inner>,
+}
+
+impl Driver {
+    /// Creates the driver and starts its eviction sweep. Everything stops
+    /// when `cancel` is cancelled.
+    pub fn new(
+        settings: DriverSettings,
+        profiles: AuthProfiles,
+        metrics: Arc<Metrics>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let driver = Self {
+            inner: Arc::new(Inner {
+                settings,
+                profiles,
+                metrics,
+                triggers: RwLock::new(HashMap::new()),
+                pollers: Mutex::new(HashMap::new()),
+                cancel,
+                next_id: AtomicU64::new(1),
+                epoch: Instant::now(),
+            }),
+        };
+        tokio::spawn(driver.clone().sweep_idle());
+        driver
+    }
+
+    /// The tracked trigger for `key`, parsing its metadata and starting (or
+    /// joining) a poller the first time it is seen.
+    pub fn track(&self, key: TriggerKey) -> Result<Arc<Tracked>, MetadataError> {
+        if let Some(tracked) = self.read_triggers().get(&key) {
+            tracked.touch();
+            return Ok(tracked.clone());
+        }
+        let config = trigger::parse(
+            &key.metadata_map(),
+            &self.inner.profiles,
+            self.inner.settings.defaults,
+        )?;
+        Ok(self.track_parsed(key, config))
+    }
+
+    /// Like [`Driver::track`], for a trigger already parsed.
+    pub fn track_parsed(&self, key: TriggerKey, config: TriggerConfig) -> Arc<Tracked> {
+        let mut triggers = self
+            .inner
+            .triggers
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(tracked) = triggers.get(&key) {
+            // Another request parsed the same trigger meanwhile.
+            tracked.touch();
+            return tracked.clone();
+        }
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let schedule = Schedule {
+            interval: config.polling_interval,
+            timeout: config.timeout,
+        };
+        let query = &config.trigger.query;
+        let readings = {
+            let mut pollers = self.lock_pollers();
+            let poller = pollers.entry(query.key.clone()).or_insert_with(|| {
+                info!(source = %query.description, "starting poller");
+                self.inner.metrics.pollers.inc();
+                Poller::spawn(
+                    config.trigger.scaler,
+                    query,
+                    self.inner.cancel.child_token(),
+                    self.inner.metrics.clone(),
+                )
+            });
+            poller.subscribe(id, schedule);
+            poller.readings.clone()
+        };
+        info!(
+            namespace = %key.namespace,
+            scaled_object = %key.name,
+            scaler = config.trigger.scaler,
+            source = %query.description,
+            "tracking trigger"
+        );
+        let tracked = Arc::new(Tracked {
+            key: key.clone(),
+            config,
+            id,
+            readings,
+            last_seen_ms: AtomicU64::new(0),
+            open_streams: AtomicUsize::new(0),
+            epoch: self.inner.epoch,
+        });
+        tracked.touch();
+        triggers.insert(key, tracked.clone());
+        self.inner
+            .metrics
+            .tracked_triggers
+            .set(triggers.len() as i64);
+        tracked
+    }
+
+    /// Every tracked trigger.
+    pub fn tracked(&self) -> Vec<Arc<Tracked>> {
+        self.read_triggers().values().cloned().collect()
+    }
+
+    /// How many distinct source queries are being polled.
+    pub fn poller_count(&self) -> usize {
+        self.lock_pollers().len()
+    }
+
+    /// Resolves when the driver is shutting down.
+    pub fn shutting_down(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.inner.cancel.cancelled()
+    }
+
+    /// Drops triggers idle for longer than `idle_after` and stops pollers
+    /// left without subscribers. Returns how many triggers were dropped.
+    pub fn evict_idle(&self) -> usize {
+        let now = Instant::now();
+        let idle_after = self.inner.settings.idle_after;
+        let mut triggers = self
+            .inner
+            .triggers
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let idle: Vec<TriggerKey> = triggers
+            .iter()
+            .filter(|(_, t)| {
+                t.open_streams.load(Ordering::Relaxed) == 0 && t.idle_for(now) >= idle_after
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        let mut pollers = self.lock_pollers();
+        for key in &idle {
+            let Some(tracked) = triggers.remove(key) else {
+                continue;
+            };
+            info!(
+                namespace = %key.namespace,
+                scaled_object = %key.name,
+                idle_for = ?idle_after,
+                "dropping idle trigger"
+            );
+            let query_key = &tracked.config.trigger.query.key;
+            let empty = pollers
+                .get_mut(query_key)
+                .is_some_and(|poller| poller.unsubscribe(tracked.id));
+            if empty && let Some(poller) = pollers.remove(query_key) {
+                info!(source = %tracked.config.trigger.query.description, "stopping poller");
+                poller.stop(&self.inner.metrics);
+                self.inner.metrics.pollers.dec();
+            }
+        }
+        self.inner
+            .metrics
+            .tracked_triggers
+            .set(triggers.len() as i64);
+        idle.len()
+    }
+
+    async fn sweep_idle(self) {
+        let every = (self.inner.settings.idle_after / 10)
+            .clamp(Duration::from_secs(1), Duration::from_secs(60));
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = ticks.tick() => { self.evict_idle(); }
+            }
+        }
+    }
+
+    fn read_triggers(&self) -> std::sync::RwLockReadGuard<'_, HashMap<TriggerKey, Arc<Tracked>>> {
+        self.inner
+            .triggers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_pollers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Poller>> {
+        self.inner.pollers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Exposes each trigger's current value as `hoist_trigger_value`, read
+/// from the cache at scrape time.
+pub struct TriggerValues(pub Driver);
+
+impl std::fmt::Debug for TriggerValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TriggerValues")
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TriggerLabels {
+    namespace: String,
+    scaled_object: String,
+    scaler: &'static str,
+    metric: String,
+}
+
+impl Collector for TriggerValues {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut values = encoder.encode_descriptor(
+            "hoist_trigger_value",
+            "Each trigger's latest value (absent while its source is failing)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for tracked in self.0.tracked() {
+            let Some(value) = tracked.latest().value() else {
+                continue;
+            };
+            let labels = TriggerLabels {
+                namespace: tracked.key.namespace.clone(),
+                scaled_object: tracked.key.name.clone(),
+                scaler: tracked.config.trigger.scaler,
+                metric: tracked.config.trigger.metric_name.clone(),
+            };
+            ConstGauge::new(value).encode(values.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,220 @@
+//! One background task per distinct source query.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::reading::{PollError, Reading};
+use crate::metrics::{Metrics, ScalerLabels, SourceLabels};
+use crate::scalers::Query;
+
+/// When and how long to poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+/// The first retry after a failure waits this long, doubling per failure
+/// up to the polling interval: quick recovery from a blip, and a broken
+/// source is never asked more often than a healthy one in the long run.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// The registry's view of a running poller.
+pub struct Poller {
+    pub readings: watch::Receiver<Reading>,
+    schedule: watch::Sender<Schedule>,
+    cancel: CancellationToken,
+    subscribers: HashMap<u64, Schedule>,
+    labels: SourceLabels,
+}
+
+impl Poller {
+    /// Starts polling `query` at once.
+    pub fn spawn(
+        scaler: &'static str,
+        query: &Query,
+        cancel: CancellationToken,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let (readings_tx, readings) = watch::channel(Reading::Pending);
+        // Replaced by the first subscriber's schedule before anything reads it.
+        let (schedule, schedule_rx) = watch::channel(Schedule {
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(3),
+        });
+        let labels = SourceLabels {
+            scaler,
+            source: query.description.clone(),
+        };
+        let task = PollLoop {
+            query: query.clone(),
+            labels: labels.clone(),
+            schedule: schedule_rx,
+            readings: readings_tx,
+            cancel: cancel.clone(),
+            metrics,
+        };
+        tokio::spawn(task.run());
+        Self {
+            readings,
+            schedule,
+            cancel,
+            subscribers: HashMap::new(),
+            labels,
+        }
+    }
+
+    pub fn subscribe(&mut self, subscriber: u64, wanted: Schedule) {
+        self.subscribers.insert(subscriber, wanted);
+        self.reschedule();
+    }
+
+    /// Returns true when nobody is left.
+    pub fn unsubscribe(&mut self, subscriber: u64) -> bool {
+        self.subscribers.remove(&subscriber);
+        if self.subscribers.is_empty() {
+            return true;
+        }
+        self.reschedule();
+        false
+    }
+
+    /// The shortest interval any subscriber asked for; the longest timeout
+    /// (bounded by that interval), so no subscriber's patience is cut short.
+    fn reschedule(&self) {
+        let interval = self.subscribers.values().map(|s| s.interval).min();
+        let timeout = self.subscribers.values().map(|s| s.timeout).max();
+        if let (Some(interval), Some(timeout)) = (interval, timeout) {
+            let schedule = Schedule {
+                interval,
+                timeout: timeout.min(interval.max(Duration::from_millis(1))),
+            };
+            self.schedule.send_if_modified(|current| {
+                let changed = *current != schedule;
+                *current = schedule;
+                changed
+            });
+        }
+    }
+
+    pub fn stop(&self, metrics: &Metrics) {
+        self.cancel.cancel();
+        metrics.poll_errors.remove(&self.labels);
+    }
+}
+
+struct PollLoop {
+    query: Query,
+    labels: SourceLabels,
+    schedule: watch::Receiver<Schedule>,
+    readings: watch::Sender<Reading>,
+    cancel: CancellationToken,
+    metrics: Arc<Metrics>,
+}
+
+impl PollLoop {
+    async fn run(mut self) {
+        let description = self.query.description.clone();
+        debug!(source = %description, "poller started");
+        let mut failures: u32 = 0;
+        loop {
+            let timeout = self.schedule.borrow_and_update().timeout;
+            let started = Instant::now();
+            let outcome = tokio::select! {
+                _ = self.cancel.cancelled() => break,
+                outcome = tokio::time::timeout(timeout, self.query.source.observe()) => outcome,
+            };
+            self.metrics
+                .poll_duration
+                .get_or_create(&ScalerLabels {
+                    scaler: self.labels.scaler,
+                })
+                .observe(started.elapsed().as_secs_f64());
+            let result = match outcome {
+                Ok(Ok(value)) => Ok(value),
+                Ok(Err(error)) => Err(PollError::Observe(error)),
+                Err(_) => Err(PollError::Timeout(timeout)),
+            };
+            match result {
+                Ok(value) => {
+                    if failures > 0 {
+                        warn!(source = %description, after_failures = failures, "source recovered");
+                    }
+                    failures = 0;
+                    self.readings.send_replace(Reading::Value {
+                        value,
+                        at: Instant::now(),
+                    });
+                }
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    self.metrics.poll_errors.get_or_create(&self.labels).inc();
+                    // One line when a source breaks, then quiet at debug.
+                    if failures == 1 {
+                        warn!(source = %description, %error, "poll failed");
+                    } else {
+                        debug!(source = %description, %error, failures, "poll failed again");
+                    }
+                    let last_value = self.readings.borrow().last_value();
+                    self.readings.send_replace(Reading::Failed {
+                        error,
+                        at: Instant::now(),
+                        consecutive_failures: failures,
+                        last_value,
+                    });
+                }
+            }
+
+            // Wait for the next poll; a new subscriber may shorten the
+            // interval, which moves the next poll earlier (never to now).
+            loop {
+                let interval = self.schedule.borrow_and_update().interval;
+                let wait = if failures == 0 {
+                    interval
+                } else {
+                    retry_delay(failures).min(interval)
+                };
+                tokio::select! {
+                    _ = self.cancel.cancelled() => {
+                        debug!(source = %description, "poller stopped");
+                        return;
+                    }
+                    _ = tokio::time::sleep_until(started + wait) => break,
+                    changed = self.schedule.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        debug!(source = %description, "poller stopped");
+    }
+}
+
+fn retry_delay(failures: u32) -> Duration {
+    FIRST_RETRY.saturating_mul(
+        1_u32
+            .checked_shl(failures.saturating_sub(1))
+            .unwrap_or(u32::MAX),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_double_from_one_second() {
+        assert_eq!(retry_delay(1), Duration::from_secs(1));
+        assert_eq!(retry_delay(2), Duration::from_secs(2));
+        assert_eq!(retry_delay(5), Duration::from_secs(16));
+        assert!(retry_delay(40) >= Duration::from_secs(3600));
+    }
+}

@@ -1,0 +1,232 @@
+//! Driver scheduling under tokio's paused clock. The source here is an
+//! in-process counter: what is tested is when the driver asks, not what a
+//! real source answers (the Redis tests in `tests/` cover that).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::scalers::{ObserveError, Query, Source, Trigger};
+use crate::trigger::ScalingMode;
+
+/// Counts calls; answers with the call number, fails while `failing` is
+/// set, and never answers while `hang` is set.
+#[derive(Default)]
+struct Counter {
+    calls: AtomicUsize,
+    failing: AtomicU32,
+    hang: AtomicU32,
+}
+
+impl Source for Counter {
+    fn observe(&self) -> BoxFuture<'_, Result<f64, ObserveError>> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let failing = self.failing.load(Ordering::SeqCst) > 0;
+        let hang = self.hang.load(Ordering::SeqCst) > 0;
+        async move {
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            if failing {
+                Err(ObserveError::Connect("refused".into()))
+            } else {
+                Ok(call as f64)
+            }
+        }
+        .boxed()
+    }
+}
+
+fn driver(idle_after: Duration) -> Driver {
+    Driver::new(
+        DriverSettings {
+            defaults: Defaults {
+                polling_interval: Duration::from_secs(30),
+                timeout: Duration::from_secs(3),
+            },
+            idle_after,
+        },
+        AuthProfiles::default(),
+        Arc::new(Metrics::new()),
+        CancellationToken::new(),
+    )
+}
+
+fn config(source: &Arc<Counter>, query_key: &str, interval_s: u64) -> TriggerConfig {
+    TriggerConfig {
+        trigger: Trigger {
+            scaler: "counter",
+            metric_name: "counter".into(),
+            target: 5.0,
+            activation_target: 0.0,
+            query: Query {
+                key: query_key.into(),
+                description: format!("counter {query_key}"),
+                source: source.clone(),
+            },
+        },
+        polling_interval: Duration::from_secs(interval_s),
+        timeout: Duration::from_secs(3),
+        scaling_mode: ScalingMode::Passthrough,
+    }
+}
+
+fn key(name: &str) -> TriggerKey {
+    TriggerKey::new("default".into(), name.into(), HashMap::new())
+}
+
+/// Lets spawned tasks run, moving the paused clock by `by`.
+async fn advance(by: Duration) {
+    tokio::time::sleep(by).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_reading_is_taken_at_once_and_then_every_interval() {
+    let driver = driver(Duration::from_secs(600));
+    let source = Arc::new(Counter::default());
+    let tracked = driver.track_parsed(key("a"), config(&source, "q", 30));
+    assert_eq!(tracked.current().await.value(), Some(1.0));
+    advance(Duration::from_secs(29)).await;
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    advance(Duration::from_secs(2)).await;
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(tracked.latest().value(), Some(2.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn triggers_asking_the_same_question_share_one_poller_at_the_shortest_interval() {
+    let driver = driver(Duration::from_secs(600));
+    let source = Arc::new(Counter::default());
+    let slow = driver.track_parsed(key("slow"), config(&source, "q", 60));
+    slow.current().await;
+    let fast = driver.track_parsed(key("fast"), config(&source, "q", 10));
+    assert_eq!(driver.poller_count(), 1);
+    assert_eq!(
+        fast.current().await.value(),
+        Some(1.0),
+        "the second subscriber reads the cache"
+    );
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    advance(Duration::from_secs(31)).await;
+    // Polls at 0, 10, 20, 30: the 10 s subscriber sets the pace.
+    assert_eq!(source.calls.load(Ordering::SeqCst), 4);
+    assert_eq!(slow.latest(), fast.latest());
+
+    let other = Arc::new(Counter::default());
+    driver.track_parsed(key("other"), config(&other, "r", 10));
+    assert_eq!(driver.poller_count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_back_off_from_one_second_up_to_the_interval_and_keep_the_last_value() {
+    let driver = driver(Duration::from_secs(600));
+    let source = Arc::new(Counter::default());
+    let tracked = driver.track_parsed(key("a"), config(&source, "q", 10));
+    assert_eq!(tracked.current().await.value(), Some(1.0));
+    source.failing.store(1, Ordering::SeqCst);
+    advance(Duration::from_millis(10_100)).await; // poll 2 fails at t=10
+    match tracked.latest() {
+        Reading::Failed {
+            consecutive_failures,
+            last_value,
+            ..
+        } => {
+            assert_eq!(consecutive_failures, 1);
+            assert_eq!(last_value.map(|(v, _)| v), Some(1.0));
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    // Retries 1, 2, 4, 8 s apart (t = 11, 13, 17, 25), then 16 s capped
+    // at the 10 s interval (t = 35).
+    for (wait, calls) in [(1, 3), (2, 4), (4, 5), (8, 6)] {
+        advance(Duration::from_secs(wait)).await;
+        assert_eq!(
+            source.calls.load(Ordering::SeqCst),
+            calls,
+            "after {wait} s more"
+        );
+    }
+    advance(Duration::from_secs(9)).await;
+    assert_eq!(source.calls.load(Ordering::SeqCst), 6);
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(
+        source.calls.load(Ordering::SeqCst),
+        7,
+        "the delay is capped at the interval"
+    );
+    source.failing.store(0, Ordering::SeqCst);
+    advance(Duration::from_secs(10)).await;
+    assert_eq!(
+        tracked.latest().value(),
+        Some(8.0),
+        "recovers on the next poll"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_source_times_out_and_the_first_read_waits_no_longer_than_the_timeout() {
+    let driver = driver(Duration::from_secs(600));
+    let source = Arc::new(Counter::default());
+    source.hang.store(1, Ordering::SeqCst);
+    let tracked = driver.track_parsed(key("a"), config(&source, "q", 30));
+    let started = tokio::time::Instant::now();
+    let reading = tracked.current().await;
+    assert!(started.elapsed() <= Duration::from_secs(3));
+    match reading {
+        Reading::Failed { error, .. } => {
+            assert_eq!(error, PollError::Timeout(Duration::from_secs(3)))
+        }
+        Reading::Pending => {}
+        other => panic!("a hanging source produced {other:?}"),
+    }
+    advance(Duration::from_millis(10)).await;
+    assert!(matches!(
+        tracked.latest(),
+        Reading::Failed {
+            error: PollError::Timeout(_),
+            ..
+        }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_triggers_are_dropped_with_their_poller_but_not_while_streamed_or_asked() {
+    let driver = driver(Duration::from_secs(600));
+    let source = Arc::new(Counter::default());
+    let asked = driver.track_parsed(key("asked"), config(&source, "q", 30));
+    let streamed = driver.track_parsed(key("streamed"), config(&source, "q", 30));
+    let ignored_source = Arc::new(Counter::default());
+    driver.track_parsed(key("ignored"), config(&ignored_source, "r", 30));
+    let guard = streamed.stream_guard();
+    for _ in 0..12 {
+        advance(Duration::from_secs(60)).await;
+        asked.touch();
+    }
+    let names: Vec<String> = driver
+        .tracked()
+        .iter()
+        .map(|t| t.key.name.clone())
+        .collect();
+    assert_eq!(driver.tracked().len(), 2, "{names:?}");
+    assert!(!names.contains(&"ignored".to_string()));
+    assert_eq!(driver.poller_count(), 1);
+    let calls = ignored_source.calls.load(Ordering::SeqCst);
+    advance(Duration::from_secs(120)).await;
+    assert_eq!(
+        ignored_source.calls.load(Ordering::SeqCst),
+        calls,
+        "its poller stopped"
+    );
+
+    drop(guard);
+    drop(asked);
+    advance(Duration::from_secs(660)).await;
+    assert!(driver.tracked().is_empty());
+    assert_eq!(driver.poller_count(), 0);
+}

@@ -1,0 +1,114 @@
+//! The one place where hoist's errors become gRPC statuses.
+
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+use crate::driver::{PollError, Reading};
+use crate::metadata::MetadataError;
+
+/// Everything an ExternalScaler call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error("bad trigger metadata: {0}")]
+    Metadata(#[from] MetadataError),
+    #[error("{source_description}: {error}{last}")]
+    SourceFailing {
+        source_description: String,
+        error: PollError,
+        consecutive_failures: u32,
+        /// " (last good value 4 at 12s ago)" or empty.
+        last: String,
+    },
+    #[error(
+        "{source_description}: no reading yet: the first measurement did not finish within {timeout:?}"
+    )]
+    NoReadingYet {
+        source_description: String,
+        timeout: Duration,
+    },
+    #[error("metric `{asked}` is not served by this trigger; it serves `{served}`")]
+    UnknownMetric { asked: String, served: String },
+    #[error("hoist is shutting down")]
+    ShuttingDown,
+}
+
+impl RpcError {
+    /// The error for a reading that holds no current value.
+    pub fn from_reading(reading: &Reading, source_description: &str, timeout: Duration) -> Self {
+        match reading {
+            Reading::Failed {
+                error,
+                consecutive_failures,
+                last_value,
+                ..
+            } => Self::SourceFailing {
+                source_description: source_description.to_string(),
+                error: error.clone(),
+                consecutive_failures: *consecutive_failures,
+                last: match last_value {
+                    Some((value, at)) => format!(
+                        " (last good value {value} read {}s ago)",
+                        at.elapsed().as_secs()
+                    ),
+                    None => String::new(),
+                },
+            },
+            _ => Self::NoReadingYet {
+                source_description: source_description.to_string(),
+                timeout,
+            },
+        }
+    }
+
+    pub fn code(&self) -> Code {
+        match self {
+            RpcError::Metadata(MetadataError::AuthProfile { .. }) => Code::FailedPrecondition,
+            RpcError::Metadata(_) => Code::InvalidArgument,
+            RpcError::SourceFailing { .. } | RpcError::NoReadingYet { .. } => Code::Unavailable,
+            RpcError::UnknownMetric { .. } => Code::NotFound,
+            RpcError::ShuttingDown => Code::Unavailable,
+        }
+    }
+}
+
+impl From<RpcError> for Status {
+    fn from(error: RpcError) -> Self {
+        Status::new(error.code(), error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes() {
+        let invalid = RpcError::from(MetadataError::invalid(
+            "listLength",
+            "`x` is not an integer",
+        ));
+        let status = Status::from(invalid);
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(
+            status.message(),
+            "bad trigger metadata: invalid `listLength`: `x` is not an integer"
+        );
+        let profile = RpcError::from(MetadataError::AuthProfile {
+            profile: "p".into(),
+            reason: "r".into(),
+        });
+        assert_eq!(profile.code(), Code::FailedPrecondition);
+        let pending = RpcError::from_reading(
+            &Reading::Pending,
+            "redis list `a` on b:1 db 0",
+            Duration::from_secs(3),
+        );
+        assert_eq!(pending.code(), Code::Unavailable);
+        assert!(
+            pending
+                .to_string()
+                .starts_with("redis list `a` on b:1 db 0: no reading yet")
+        );
+    }
+}

@@ -1,0 +1,25 @@
+//! hoist: a KEDA external scaler with Azure Container Apps' scaling
+//! behaviour. See README.md for the map of the layers.
+
+pub mod admin;
+pub mod config;
+pub mod driver;
+pub mod grpc;
+pub mod logging;
+pub mod metadata;
+pub mod metrics;
+pub mod probe;
+#[path = "../scalers/mod.rs"]
+pub mod scalers;
+pub mod secret;
+pub mod server;
+pub mod trigger;
+
+/// The generated ExternalScaler contract (`proto/externalscaler.proto`).
+pub mod proto {
+    tonic::include_proto!("externalscaler");
+
+    /// The encoded descriptors, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/externalscaler_descriptor.bin"));
+}

@@ -1,0 +1,169 @@
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+
+use hoist::config::{LogFormat, Overrides, Settings};
+
+/// hoist: a KEDA external scaler with Azure Container Apps' scaling
+/// behaviour. Point a ScaledObject trigger of type `external` or
+/// `external-push` at it and pick the trigger with the `scaler` key.
+#[derive(Parser)]
+#[command(name = "hoist", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the KEDA ExternalScaler gRPC API (with gRPC health and
+    /// reflection) and the admin HTTP listener (/healthz, /readyz, /metrics).
+    Serve(ConfigArgs),
+    /// Validate the configuration and print the effective result, with
+    /// credentials masked. Exits non-zero when something is wrong.
+    CheckConfig(ConfigArgs),
+    /// Measure one trigger once and print what hoist would report to KEDA.
+    Probe(ProbeArgs),
+}
+
+/// Where settings come from: built-in defaults < `--config` file <
+/// `HOIST_*` environment variables < these flags.
+#[derive(Args, Clone)]
+struct ConfigArgs {
+    /// A TOML configuration file (see README: configuration reference).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address for the gRPC ExternalScaler API [default: 0.0.0.0:9090].
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<SocketAddr>,
+    /// Address for the admin HTTP listener [default: 0.0.0.0:9091].
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<SocketAddr>,
+    /// Log format [default: text].
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+    /// Log filter, e.g. `info` or `hoist=debug,info` [default: info].
+    /// `RUST_LOG`, when set, wins.
+    #[arg(long, value_name = "FILTER")]
+    log_level: Option<String>,
+}
+
+#[derive(Args)]
+struct ProbeArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// One trigger metadata entry, as in the ScaledObject: `-m scaler=redis
+    /// -m address=redis:6379 -m listName=jobs`. Repeat for each key.
+    #[arg(long = "metadata", short = 'm', value_name = "KEY=VALUE", value_parser = key_value, required = true)]
+    metadata: Vec<(String, String)>,
+}
+
+fn key_value(entry: &str) -> Result<(String, String), String> {
+    entry
+        .split_once('=')
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .ok_or_else(|| format!("`{entry}` is not KEY=VALUE"))
+}
+
+impl ConfigArgs {
+    fn load(&self) -> anyhow::Result<Settings> {
+        let overrides = Overrides {
+            grpc_listen: self.grpc_listen,
+            admin_listen: self.admin_listen,
+            log_format: self.log_format,
+            log_level: self.log_level.clone(),
+        };
+        Settings::load(self.config.as_deref(), std::env::vars(), &overrides)
+            .context("configuration")
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    // rustls needs a process-wide crypto provider for TLS to Redis.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match cli.command {
+        Command::Serve(args) => {
+            let settings = args.load()?;
+            hoist::logging::init(&settings.log);
+            for problem in settings.auth_profiles().problems() {
+                tracing::warn!(%problem, "auth profile cannot be resolved yet");
+            }
+            let server = hoist::server::Server::bind(settings).await?;
+            server.run(termination()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::CheckConfig(args) => {
+            let settings = args.load()?;
+            print!("{}", toml::to_string_pretty(&settings.masked())?);
+            let problems = settings.auth_profiles().problems();
+            for problem in &problems {
+                eprintln!("error: {problem}");
+            }
+            if problems.is_empty() {
+                eprintln!("configuration is valid");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Probe(args) => {
+            let settings = args.config.load()?;
+            let mut metadata = HashMap::new();
+            for (key, value) in args.metadata {
+                if metadata.insert(key.clone(), value).is_some() {
+                    bail!("metadata key `{key}` given twice");
+                }
+            }
+            let report = hoist::probe::probe(&metadata, &settings).await?;
+            println!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Resolves on SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
+async fn termination() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

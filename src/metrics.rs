@@ -1,0 +1,120 @@
+//! hoist's own Prometheus metrics. Per-trigger values are not stored here:
+//! the driver's [`crate::driver::TriggerValues`] collector reads them from
+//! the cache at scrape time.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    pub method: &'static str,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub scaler: &'static str,
+    /// The source's description, which never holds a secret.
+    pub source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScalerLabels {
+    pub scaler: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+#[derive(Debug)]
+pub struct Metrics {
+    pub rpc_requests: Family<RpcLabels, Counter>,
+    pub rpc_latency: HistogramFamily<MethodLabels>,
+    pub poll_errors: Family<SourceLabels, Counter>,
+    pub poll_duration: HistogramFamily<ScalerLabels>,
+    pub pollers: Gauge,
+    pub tracked_triggers: Gauge,
+}
+
+fn rpc_histogram() -> Histogram {
+    // 5 µs to ~5 s: cache answers sit at the bottom, first reads at the top.
+    Histogram::new(exponential_buckets(0.000_005, 4.0, 11))
+}
+
+fn poll_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 4.0, 10))
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self {
+            rpc_requests: Family::default(),
+            rpc_latency: Family::new_with_constructor(rpc_histogram),
+            poll_errors: Family::default(),
+            poll_duration: Family::new_with_constructor(poll_histogram),
+            pollers: Gauge::default(),
+            tracked_triggers: Gauge::default(),
+        }
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "hoist_grpc_requests",
+            "ExternalScaler requests by method and gRPC status code",
+            self.rpc_requests.clone(),
+        );
+        registry.register(
+            "hoist_grpc_request_duration_seconds",
+            "ExternalScaler request latency by method (for StreamIsActive: time to open the stream)",
+            self.rpc_latency.clone(),
+        );
+        registry.register(
+            "hoist_poll_errors",
+            "Failed source polls (errors and timeouts) by source",
+            self.poll_errors.clone(),
+        );
+        registry.register(
+            "hoist_poll_duration_seconds",
+            "Time taken by one source poll, by scaler",
+            self.poll_duration.clone(),
+        );
+        registry.register(
+            "hoist_pollers",
+            "Background pollers running (one per distinct source query)",
+            self.pollers.clone(),
+        );
+        registry.register(
+            "hoist_tracked_triggers",
+            "ScaledObject triggers hoist is tracking",
+            self.tracked_triggers.clone(),
+        );
+    }
+
+    pub fn record_rpc(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        self.rpc_requests
+            .get_or_create(&RpcLabels {
+                method,
+                code: format!("{code:?}"),
+            })
+            .inc();
+        self.rpc_latency
+            .get_or_create(&MethodLabels { method })
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

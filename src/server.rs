@@ -1,0 +1,170 @@
+//! `hoist serve`: the gRPC ExternalScaler and the admin listener, wired to
+//! one driver, with a graceful shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::admin::{self, AdminState};
+use crate::config::Settings;
+use crate::driver::{Driver, DriverSettings, TriggerValues};
+use crate::grpc::ScalerService;
+use crate::metrics::Metrics;
+use crate::proto::external_scaler_server::ExternalScalerServer;
+use crate::trigger::Defaults;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("gRPC reflection setup failed: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("admin server failed: {0}")]
+    Admin(std::io::Error),
+}
+
+/// Listeners bound, nothing served yet: tests bind to port 0 and read the
+/// real addresses before running.
+pub struct Server {
+    settings: Settings,
+    grpc: TcpListener,
+    admin: TcpListener,
+}
+
+impl Server {
+    pub async fn bind(settings: Settings) -> Result<Self, ServerError> {
+        let grpc = bind("gRPC", settings.grpc.listen).await?;
+        let admin = bind("admin", settings.admin.listen).await?;
+        Ok(Self {
+            settings,
+            grpc,
+            admin,
+        })
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves, then: readiness and gRPC health go
+    /// NOT_SERVING, activity streams end with OK, pollers stop, and
+    /// connections get `shutdown_grace` to finish.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
+        let Self {
+            settings,
+            grpc,
+            admin,
+        } = self;
+        let metrics = Arc::new(Metrics::new());
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+
+        let cancel = CancellationToken::new();
+        let driver = Driver::new(
+            DriverSettings {
+                defaults: Defaults {
+                    polling_interval: settings.polling.default_interval,
+                    timeout: settings.polling.default_timeout,
+                },
+                idle_after: settings.polling.idle_after,
+            },
+            settings.auth_profiles(),
+            metrics.clone(),
+            cancel.clone(),
+        );
+        registry.register_collector(Box::new(TriggerValues(driver.clone())));
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_serving::<ExternalScalerServer<ScalerService>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let scaler = ExternalScalerServer::new(ScalerService::new(driver.clone(), metrics.clone()));
+
+        let (ready_tx, ready) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let grpc_addr = grpc.local_addr().ok();
+        let grpc_server = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(scaler)
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(grpc),
+                stop.clone().cancelled_owned(),
+            );
+        let admin_addr = admin.local_addr().ok();
+        let admin_router = admin::router(AdminState {
+            registry: Arc::new(registry),
+            ready,
+        });
+        let admin_server =
+            axum::serve(admin, admin_router).with_graceful_shutdown(stop.clone().cancelled_owned());
+
+        let grpc_task = tokio::spawn(grpc_server);
+        let admin_task =
+            tokio::spawn(async move { admin_server.await.map_err(ServerError::Admin) });
+        ready_tx.send_replace(true);
+        info!(grpc = ?grpc_addr, admin = ?admin_addr, "hoist is serving");
+
+        shutdown.await;
+        info!(grace = ?settings.shutdown_grace, "shutting down");
+        ready_tx.send_replace(false);
+        health
+            .set_not_serving::<ExternalScalerServer<ScalerService>>()
+            .await;
+        cancel.cancel();
+        stop.cancel();
+
+        let finished = tokio::time::timeout(settings.shutdown_grace, async {
+            let grpc = grpc_task.await;
+            let admin = admin_task.await;
+            (grpc, admin)
+        })
+        .await;
+        match finished {
+            Ok((grpc, admin)) => {
+                if let Ok(result) = grpc {
+                    result?;
+                }
+                if let Ok(result) = admin {
+                    result?;
+                }
+                info!("shutdown complete");
+            }
+            Err(_) => {
+                warn!(grace = ?settings.shutdown_grace, "connections still open after the grace period; exiting anyway")
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { what, addr, source })
+}

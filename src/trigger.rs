@@ -1,0 +1,185 @@
+//! One ScaledObject trigger as hoist sees it: the `scaler`-specific part
+//! (see `scalers/`) plus hoist's common keys.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::config::AuthProfiles;
+use crate::metadata::{AuthParams, MetadataError, Origin, Params};
+use crate::scalers::{self, Trigger};
+
+/// Values used when the metadata leaves a common key out.
+#[derive(Debug, Clone, Copy)]
+pub struct Defaults {
+    pub polling_interval: Duration,
+    pub timeout: Duration,
+}
+
+/// How hoist answers KEDA for this trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScalingMode {
+    /// Report the raw value; KEDA and the HPA decide, as with built-in scalers.
+    Passthrough,
+}
+
+#[derive(Clone)]
+pub struct TriggerConfig {
+    pub trigger: Trigger,
+    pub polling_interval: Duration,
+    pub timeout: Duration,
+    pub scaling_mode: ScalingMode,
+}
+
+/// Parses a trigger's whole metadata map as KEDA sends it.
+pub fn parse(
+    metadata: &HashMap<String, String>,
+    profiles: &AuthProfiles,
+    defaults: Defaults,
+) -> Result<TriggerConfig, MetadataError> {
+    let no_auth = AuthParams::new();
+    let bare = Params::new(metadata, &no_auth);
+    let scaler = bare.find(&["scaler"], &[Origin::Metadata]).ok_or_else(|| {
+        MetadataError::missing(
+            "scaler",
+            format!(
+                "say which trigger to use: one of {}",
+                scalers::scaler_names().join(", ")
+            ),
+        )
+    })?;
+    let auth = match bare.find(&["authRef"], &[Origin::Metadata]) {
+        Some(name) => profiles.resolve(name.value)?,
+        None => AuthParams::new(),
+    };
+    let params = Params::new(metadata, &auth);
+
+    let polling_interval =
+        match params.number::<u64>(&["pollingInterval"], &[Origin::Metadata], 0)? {
+            0 if params
+                .find(&["pollingInterval"], &[Origin::Metadata])
+                .is_some() =>
+            {
+                return Err(MetadataError::invalid(
+                    "pollingInterval",
+                    "must be at least 1 (seconds)",
+                ));
+            }
+            0 => defaults.polling_interval,
+            seconds => Duration::from_secs(seconds),
+        };
+    let timeout = match params.number::<u64>(&["timeout"], &[Origin::Metadata], 0)? {
+        0 if params.find(&["timeout"], &[Origin::Metadata]).is_some() => {
+            return Err(MetadataError::invalid(
+                "timeout",
+                "must be at least 1 (milliseconds)",
+            ));
+        }
+        0 => defaults.timeout,
+        millis => Duration::from_millis(millis),
+    };
+    let scaling_mode = match params.find(&["scalingMode"], &[Origin::Metadata]) {
+        None => ScalingMode::Passthrough,
+        Some(found) if found.value == "passthrough" => ScalingMode::Passthrough,
+        Some(found) if found.value == "engine" => {
+            return Err(MetadataError::invalid(
+                "scalingMode",
+                "`engine` is not available in this version of hoist; use `passthrough`",
+            ));
+        }
+        Some(found) => {
+            return Err(MetadataError::invalid(
+                "scalingMode",
+                format!("`{}` is not `passthrough` or `engine`", found.value),
+            ));
+        }
+    };
+
+    let trigger = scalers::parse(scaler.value, &params)?;
+    Ok(TriggerConfig {
+        trigger,
+        polling_interval,
+        timeout,
+        scaling_mode,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFAULTS: Defaults = Defaults {
+        polling_interval: Duration::from_secs(30),
+        timeout: Duration::from_secs(3),
+    };
+
+    fn parse_pairs(pairs: &[(&str, &str)]) -> Result<TriggerConfig, MetadataError> {
+        let metadata = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        parse(&metadata, &AuthProfiles::default(), DEFAULTS)
+    }
+
+    const REDIS: [(&str, &str); 3] = [
+        ("scaler", "redis"),
+        ("address", "localhost:6379"),
+        ("listName", "jobs"),
+    ];
+
+    #[test]
+    fn common_keys_have_defaults() {
+        let config = parse_pairs(&REDIS).unwrap();
+        assert_eq!(config.polling_interval, Duration::from_secs(30));
+        assert_eq!(config.timeout, Duration::from_secs(3));
+        assert_eq!(config.scaling_mode, ScalingMode::Passthrough);
+        assert_eq!(config.trigger.metric_name, "redis-jobs");
+        assert_eq!(config.trigger.target, 5.0);
+    }
+
+    #[test]
+    fn common_keys_are_validated() {
+        let with = |key, value| {
+            let mut pairs = REDIS.to_vec();
+            pairs.push((key, value));
+            parse_pairs(&pairs)
+        };
+        assert_eq!(
+            with("pollingInterval", "7").unwrap().polling_interval,
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            with("timeout", "250").unwrap().timeout,
+            Duration::from_millis(250)
+        );
+        for (key, value) in [
+            ("pollingInterval", "0"),
+            ("pollingInterval", "-1"),
+            ("pollingInterval", "soon"),
+            ("timeout", "0"),
+            ("scalingMode", "fast"),
+        ] {
+            let err = with(key, value).err().unwrap();
+            assert!(
+                err.to_string().contains(&format!("`{key}`")),
+                "{key}={value}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_scaler_lists_the_valid_ones() {
+        let err = parse_pairs(&[("listName", "jobs")]).err().unwrap();
+        let message = err.to_string();
+        assert!(message.contains("`scaler`"), "{message}");
+        assert!(message.contains("redis-sentinel"), "{message}");
+    }
+
+    #[test]
+    fn unknown_auth_profile_is_named() {
+        let mut pairs = REDIS.to_vec();
+        pairs.push(("authRef", "orders"));
+        let err = parse_pairs(&pairs).err().unwrap();
+        assert!(matches!(err, MetadataError::AuthProfile { .. }));
+        assert!(err.to_string().contains("`orders`"), "{err}");
+    }
+}
