@@ -11,7 +11,8 @@ use crate::trigger::{self, Defaults};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    #[error("bad trigger metadata: {0}")]
+    /// The cause follows in the error chain.
+    #[error("bad trigger metadata")]
     Metadata(#[from] MetadataError),
     #[error("{source_description}: {error}")]
     Poll {

@@ -1,0 +1,105 @@
+//! What surrounds the ExternalScaler API: gRPC health and reflection, the
+//! admin listener.
+
+mod support;
+
+use hoist::proto::GetMetricsRequest;
+use support::{Hoist, RedisServer, object};
+use tokio_stream::StreamExt;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+#[tokio::test]
+async fn grpc_health_reports_serving_then_not_serving_on_shutdown() {
+    // The open health watch keeps a connection busy until the grace ends.
+    let settings = hoist::config::Settings {
+        shutdown_grace: std::time::Duration::from_millis(500),
+        ..Default::default()
+    };
+    let hoist = Hoist::start_with(settings).await;
+    let mut health = HealthClient::new(hoist.channel().await);
+    for service in ["", "externalscaler.ExternalScaler"] {
+        let status = health
+            .check(HealthCheckRequest { service: service.into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "service `{service}`");
+    }
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: "externalscaler.ExternalScaler".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(watch.next().await.unwrap().unwrap().status, ServingStatus::Serving as i32);
+    let stopping = tokio::spawn(hoist.stop());
+    let update = watch.next().await.expect("an update before the stream ends").unwrap();
+    assert_eq!(update.status, ServingStatus::NotServing as i32);
+    stopping.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn reflection_lists_the_services() {
+    let hoist = Hoist::start().await;
+    let mut reflection = ServerReflectionClient::new(hoist.channel().await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = reflection
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) = responses.next().await.unwrap().unwrap().message_response else {
+        panic!("expected a service list");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains(&"externalscaler.ExternalScaler".to_string()), "{names:?}");
+    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+}
+
+#[tokio::test]
+async fn admin_endpoints_answer_and_metrics_cover_rpcs_triggers_and_polls() {
+    let redis = RedisServer::start();
+    redis.command(&["RPUSH", "jobs", "a", "b", "c"]);
+    let hoist = Hoist::start().await;
+    assert_eq!(hoist.get("/healthz").await.0, 200);
+    assert_eq!(hoist.get("/readyz").await.0, 200);
+    assert_eq!(hoist.get("/nope").await.0, 404);
+
+    let jobs = object("orders", &[("scaler", "redis"), ("address", &redis.address()), ("listName", "jobs")]);
+    let mut client = hoist.client().await;
+    client
+        .get_metrics(GetMetricsRequest {
+            scaled_object_ref: Some(jobs.clone()),
+            metric_name: String::new(),
+        })
+        .await
+        .unwrap();
+    client.is_active(jobs).await.unwrap();
+    client.is_active(object("bad", &[])).await.unwrap_err();
+
+    let (status, metrics) = hoist.get("/metrics").await;
+    assert_eq!(status, 200);
+    for expected in [
+        "hoist_grpc_requests_total{method=\"GetMetrics\",code=\"Ok\"} 1",
+        "hoist_grpc_requests_total{method=\"IsActive\",code=\"Ok\"} 1",
+        "hoist_grpc_requests_total{method=\"IsActive\",code=\"InvalidArgument\"} 1",
+        "hoist_grpc_request_duration_seconds_count{method=\"GetMetrics\"} 1",
+        "hoist_trigger_value{namespace=\"default\",scaled_object=\"orders\",scaler=\"redis\",metric=\"redis-jobs\"} 3",
+        "hoist_poll_duration_seconds_count{scaler=\"redis\"} 1",
+        "hoist_pollers 1",
+        "hoist_tracked_triggers 1",
+    ] {
+        assert!(metrics.contains(expected), "missing `{expected}` in:\n{metrics}");
+    }
+}

@@ -1,0 +1,396 @@
+//! Real parts for the integration tests: `redis-server` processes on free
+//! loopback ports (standalone, cluster, sentinel) and a real hoist server
+//! on 127.0.0.1:0 with a real tonic client.
+
+#![allow(dead_code)] // each test binary uses a different part of this
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hoist::config::Settings;
+use hoist::proto::ScaledObjectRef;
+use hoist::proto::external_scaler_client::ExternalScalerClient;
+use hoist::server::{Server, ServerError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free loopback port")
+}
+
+fn require(binary: &str) {
+    let found = Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    assert!(
+        found,
+        "`{binary}` is not installed: run the tests with scripts/test.sh, which installs it"
+    );
+}
+
+/// Polls `check` every 50 ms until it returns true or `limit` passes.
+pub fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `redis-server` process that lives as long as this value.
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(args: &[&str]) -> Self {
+        require("redis-server");
+        let mut server = Self {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("a temp dir"),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            child: None,
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--dir", &self.dir.path().display().to_string()])
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        let url = self.url();
+        let password = self.password();
+        wait_until(Duration::from_secs(10), "redis-server to answer PING", || {
+            ping(&url, password.as_deref())
+        });
+    }
+
+    fn password(&self) -> Option<String> {
+        let at = self.args.iter().position(|a| a == "--requirepass")?;
+        self.args.get(at + 1).cloned()
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A plain client connection for setting up data.
+    pub fn connection(&self) -> redis::Connection {
+        let client = match self.password() {
+            Some(password) => redis::Client::open(format!("redis://:{password}@127.0.0.1:{}/", self.port)),
+            None => redis::Client::open(self.url()),
+        }
+        .expect("a redis URL");
+        client.get_connection().expect("a redis connection")
+    }
+
+    pub fn command(&self, args: &[&str]) -> redis::Value {
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command.query(&mut self.connection()).expect("a redis command")
+    }
+
+    /// How many times Redis ran `command` (from `INFO commandstats`).
+    pub fn calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.connection())
+            .expect("INFO commandstats");
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map(|calls| calls.parse().expect("a call count"))
+            .unwrap_or(0)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same port (with an empty data set).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn ping(url: &str, password: Option<&str>) -> bool {
+    let url = match password {
+        Some(password) => url.replacen("redis://", &format!("redis://:{password}@"), 1),
+        None => url.to_string(),
+    };
+    redis::Client::open(url)
+        .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(200)))
+        .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection))
+        .is_ok()
+}
+
+/// A three-master Redis Cluster.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        require("redis-cli");
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(node.address());
+        }
+        let status = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli runs");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        for node in &nodes {
+            wait_until(Duration::from_secs(20), "the cluster to be ok", || {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.connection())
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+            });
+        }
+        Self { nodes }
+    }
+
+    pub fn addresses(&self) -> String {
+        self.nodes.iter().map(RedisServer::address).collect::<Vec<_>>().join(",")
+    }
+
+    /// Runs a command on the node that owns `key`.
+    pub fn on_owner(&self, key: &str, args: &[&str]) {
+        let client = redis::cluster::ClusterClient::new(self.nodes.iter().map(RedisServer::url).collect::<Vec<_>>())
+            .expect("a cluster client");
+        let mut connection = client.get_connection().expect("a cluster connection");
+        let mut command = redis::cmd(args[0]);
+        command.arg(key);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command.query::<redis::Value>(&mut connection).expect("a cluster command");
+    }
+}
+
+/// A master and one sentinel watching it as `mymaster`.
+pub struct RedisSentinel {
+    pub master: RedisServer,
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl RedisSentinel {
+    pub fn start() -> Self {
+        let master = RedisServer::start();
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let port = free_port();
+        let config: PathBuf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 1\nsentinel down-after-milliseconds mymaster 5000\n",
+                dir.path().display(),
+                master.port
+            ),
+        )
+        .expect("sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&config)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server --sentinel starts");
+        let url = format!("redis://127.0.0.1:{port}/");
+        wait_until(Duration::from_secs(10), "the sentinel to know its master", || {
+            redis::Client::open(url.as_str())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                .and_then(|mut c| {
+                    redis::cmd("SENTINEL")
+                        .arg("get-master-addr-by-name")
+                        .arg("mymaster")
+                        .query::<Vec<String>>(&mut c)
+                })
+                .is_ok_and(|addr| addr.len() == 2)
+        });
+        Self {
+            master,
+            port,
+            dir,
+            child,
+        }
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A hoist server on loopback ports chosen by the kernel.
+pub struct Hoist {
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), ServerError>>>,
+}
+
+impl Hoist {
+    pub async fn start() -> Self {
+        Self::start_with(Settings::default()).await
+    }
+
+    pub async fn start_with(mut settings: Settings) -> Self {
+        settings.grpc.listen = "127.0.0.1:0".parse().unwrap();
+        settings.admin.listen = "127.0.0.1:0".parse().unwrap();
+        let server = Server::bind(settings).await.expect("hoist binds");
+        let (grpc, admin) = (server.grpc_addr(), server.admin_addr());
+        let (shutdown, signal) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async {
+            let _ = signal.await;
+        }));
+        Self {
+            grpc,
+            admin,
+            shutdown: Some(shutdown),
+            task: Some(task),
+        }
+    }
+
+    pub async fn client(&self) -> ExternalScalerClient<Channel> {
+        ExternalScalerClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("a gRPC connection to hoist")
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .expect("a gRPC channel to hoist")
+    }
+
+    /// Signals shutdown and waits for `run` to return.
+    pub async fn stop(mut self) -> Result<(), ServerError> {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        self.task.take().unwrap().await.expect("the server task does not panic")
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.admin, path).await
+    }
+}
+
+impl Drop for Hoist {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+    }
+}
+
+/// A minimal HTTP/1.0 GET: status code and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("admin port answers");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: hoist\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("an HTTP status line");
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+/// A ScaledObjectRef as KEDA sends it (with `scalerAddress`, which hoist
+/// ignores).
+pub fn object(name: &str, metadata: &[(&str, &str)]) -> ScaledObjectRef {
+    let mut scaler_metadata: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    scaler_metadata.insert("scalerAddress".into(), "hoist.keda:9090".into());
+    ScaledObjectRef {
+        name: name.to_string(),
+        namespace: "default".to_string(),
+        scaler_metadata,
+    }
+}
