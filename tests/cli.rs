@@ -1,0 +1,121 @@
+//! The `hoist` binary as a user runs it.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use support::{RedisServer, free_port, http_get, wait_until};
+
+fn hoist(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hoist"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("hoist runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn help_explains_every_command_and_flag() {
+    let top = text(&hoist(&["--help"]).stdout);
+    for command in ["serve", "check-config", "probe"] {
+        assert!(top.contains(command), "{top}");
+    }
+    let serve = text(&hoist(&["serve", "--help"]).stdout);
+    for flag in ["--config", "--grpc-listen", "--admin-listen", "--log-format", "--log-level"] {
+        assert!(serve.contains(flag), "{serve}");
+    }
+    assert!(serve.contains("0.0.0.0:9090") && serve.contains("0.0.0.0:9091"), "{serve}");
+    let probe = text(&hoist(&["probe", "--help"]).stdout);
+    assert!(probe.contains("--metadata"), "{probe}");
+}
+
+#[test]
+fn check_config_prints_the_effective_config_with_credentials_masked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hoist.toml");
+    std::fs::write(
+        &file,
+        "[grpc]\nlisten = \"127.0.0.1:7000\"\n[auth.orders]\npassword = \"very-secret-value\"\nusername = { env = \"HOME\" }\n",
+    )
+    .unwrap();
+    let output = hoist(&["check-config", "--config", file.to_str().unwrap(), "--admin-listen", "127.0.0.1:7001"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let printed = text(&output.stdout);
+    assert!(printed.contains("127.0.0.1:7000"), "{printed}");
+    assert!(printed.contains("127.0.0.1:7001"), "the flag wins: {printed}");
+    assert!(printed.contains("***"), "{printed}");
+    assert!(printed.contains("HOME"), "env var names are shown: {printed}");
+    assert!(!printed.contains("very-secret-value"), "{printed}");
+
+    std::fs::write(&file, "[auth.orders]\npassword = { env = \"HOIST_TEST_UNSET_VARIABLE\" }\n").unwrap();
+    let output = hoist(&["check-config", "--config", file.to_str().unwrap()]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("HOIST_TEST_UNSET_VARIABLE"), "{}", text(&output.stderr));
+
+    std::fs::write(&file, "[grpc]\nlisen = \"127.0.0.1:7000\"\n").unwrap();
+    let output = hoist(&["check-config", "--config", file.to_str().unwrap()]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("lisen"), "{}", text(&output.stderr));
+}
+
+#[test]
+fn probe_measures_one_trigger_and_shows_what_keda_would_get() {
+    let redis = RedisServer::start();
+    redis.command(&["RPUSH", "jobs", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"]);
+    let address = format!("address={}", redis.address());
+    let output = hoist(&["probe", "-m", "scaler=redis", "-m", &address, "-m", "listName=jobs"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let printed = text(&output.stdout);
+    assert!(printed.contains("value:           11"), "{printed}");
+    assert!(printed.contains("IsActive:        true"), "{printed}");
+    assert!(printed.contains("metricName=redis-jobs targetSize=5"), "{printed}");
+    assert!(printed.contains("3 replicas"), "{printed}");
+
+    let output = hoist(&["probe", "-m", "scaler=redis", "-m", &address, "-m", "listName=jobs", "-m", "listLength=x"]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("`listLength`"), "{}", text(&output.stderr));
+
+    let closed = format!("address=127.0.0.1:{}", free_port());
+    let output = hoist(&["probe", "-m", "scaler=redis", "-m", &closed, "-m", "listName=jobs"]);
+    assert!(!output.status.success());
+    assert!(text(&output.stderr).contains("cannot connect"), "{}", text(&output.stderr));
+}
+
+#[tokio::test]
+async fn serve_runs_until_sigterm_and_then_shuts_down_cleanly() {
+    let (grpc, admin) = (free_port(), free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hoist"))
+        .args(["serve", "--log-format", "json"])
+        .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let admin_addr = format!("127.0.0.1:{admin}").parse().unwrap();
+    wait_until(Duration::from_secs(10), "hoist to listen", || {
+        std::net::TcpStream::connect(admin_addr).is_ok()
+    });
+    assert_eq!(http_get(admin_addr, "/readyz").await.0, 200);
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let started = std::time::Instant::now();
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "hoist did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success());
+    let mut logs = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
+    assert!(logs.contains("\"message\":\"hoist is serving\""), "{logs}");
+    assert!(logs.contains("\"message\":\"shutdown complete\""), "{logs}");
+}
