@@ -38,19 +38,6 @@ impl From<&str> for Secret {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn debug_masks_the_value() {
-        let secret = Secret::new("hunter2");
-        assert_eq!(format!("{secret:?}"), "\"***\"");
-        assert_eq!(secret.expose(), "hunter2");
-        assert_eq!(format!("{:?}", Secret::default()), "\"\"");
-    }
-}
-
 /// A per-process fingerprint of secrets, for telling two credentials apart
 /// (e.g. in a poller's identity) without keeping them in clear. The hasher
 /// keys are random per process, so the number means nothing elsewhere.
@@ -64,4 +51,17 @@ pub fn fingerprint(secrets: &[&Secret]) -> u64 {
         secret.0.hash(&mut hasher);
     }
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_masks_the_value() {
+        let secret = Secret::new("hunter2");
+        assert_eq!(format!("{secret:?}"), "\"***\"");
+        assert_eq!(secret.expose(), "hunter2");
+        assert_eq!(format!("{:?}", Secret::default()), "\"\"");
+    }
 }

@@ -26,10 +26,19 @@ fn help_explains_every_command_and_flag() {
         assert!(top.contains(command), "{top}");
     }
     let serve = text(&hoist(&["serve", "--help"]).stdout);
-    for flag in ["--config", "--grpc-listen", "--admin-listen", "--log-format", "--log-level"] {
+    for flag in [
+        "--config",
+        "--grpc-listen",
+        "--admin-listen",
+        "--log-format",
+        "--log-level",
+    ] {
         assert!(serve.contains(flag), "{serve}");
     }
-    assert!(serve.contains("0.0.0.0:9090") && serve.contains("0.0.0.0:9091"), "{serve}");
+    assert!(
+        serve.contains("0.0.0.0:9090") && serve.contains("0.0.0.0:9091"),
+        "{serve}"
+    );
     let probe = text(&hoist(&["probe", "--help"]).stdout);
     assert!(probe.contains("--metadata"), "{probe}");
 }
@@ -43,47 +52,110 @@ fn check_config_prints_the_effective_config_with_credentials_masked() {
         "[grpc]\nlisten = \"127.0.0.1:7000\"\n[auth.orders]\npassword = \"very-secret-value\"\nusername = { env = \"HOME\" }\n",
     )
     .unwrap();
-    let output = hoist(&["check-config", "--config", file.to_str().unwrap(), "--admin-listen", "127.0.0.1:7001"]);
+    let output = hoist(&[
+        "check-config",
+        "--config",
+        file.to_str().unwrap(),
+        "--admin-listen",
+        "127.0.0.1:7001",
+    ]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let printed = text(&output.stdout);
     assert!(printed.contains("127.0.0.1:7000"), "{printed}");
-    assert!(printed.contains("127.0.0.1:7001"), "the flag wins: {printed}");
+    assert!(
+        printed.contains("127.0.0.1:7001"),
+        "the flag wins: {printed}"
+    );
     assert!(printed.contains("***"), "{printed}");
-    assert!(printed.contains("HOME"), "env var names are shown: {printed}");
+    assert!(
+        printed.contains("HOME"),
+        "env var names are shown: {printed}"
+    );
     assert!(!printed.contains("very-secret-value"), "{printed}");
 
-    std::fs::write(&file, "[auth.orders]\npassword = { env = \"HOIST_TEST_UNSET_VARIABLE\" }\n").unwrap();
+    std::fs::write(
+        &file,
+        "[auth.orders]\npassword = { env = \"HOIST_TEST_UNSET_VARIABLE\" }\n",
+    )
+    .unwrap();
     let output = hoist(&["check-config", "--config", file.to_str().unwrap()]);
     assert!(!output.status.success());
-    assert!(text(&output.stderr).contains("HOIST_TEST_UNSET_VARIABLE"), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("HOIST_TEST_UNSET_VARIABLE"),
+        "{}",
+        text(&output.stderr)
+    );
 
     std::fs::write(&file, "[grpc]\nlisen = \"127.0.0.1:7000\"\n").unwrap();
     let output = hoist(&["check-config", "--config", file.to_str().unwrap()]);
     assert!(!output.status.success());
-    assert!(text(&output.stderr).contains("lisen"), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("lisen"),
+        "{}",
+        text(&output.stderr)
+    );
 }
 
 #[test]
 fn probe_measures_one_trigger_and_shows_what_keda_would_get() {
     let redis = RedisServer::start();
-    redis.command(&["RPUSH", "jobs", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"]);
+    redis.command(&[
+        "RPUSH", "jobs", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k",
+    ]);
     let address = format!("address={}", redis.address());
-    let output = hoist(&["probe", "-m", "scaler=redis", "-m", &address, "-m", "listName=jobs"]);
+    let output = hoist(&[
+        "probe",
+        "-m",
+        "scaler=redis",
+        "-m",
+        &address,
+        "-m",
+        "listName=jobs",
+    ]);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let printed = text(&output.stdout);
     assert!(printed.contains("value:           11"), "{printed}");
     assert!(printed.contains("IsActive:        true"), "{printed}");
-    assert!(printed.contains("metricName=redis-jobs targetSize=5"), "{printed}");
+    assert!(
+        printed.contains("metricName=redis-jobs targetSize=5"),
+        "{printed}"
+    );
     assert!(printed.contains("3 replicas"), "{printed}");
 
-    let output = hoist(&["probe", "-m", "scaler=redis", "-m", &address, "-m", "listName=jobs", "-m", "listLength=x"]);
+    let output = hoist(&[
+        "probe",
+        "-m",
+        "scaler=redis",
+        "-m",
+        &address,
+        "-m",
+        "listName=jobs",
+        "-m",
+        "listLength=x",
+    ]);
     assert!(!output.status.success());
-    assert!(text(&output.stderr).contains("`listLength`"), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("`listLength`"),
+        "{}",
+        text(&output.stderr)
+    );
 
     let closed = format!("address=127.0.0.1:{}", free_port());
-    let output = hoist(&["probe", "-m", "scaler=redis", "-m", &closed, "-m", "listName=jobs"]);
+    let output = hoist(&[
+        "probe",
+        "-m",
+        "scaler=redis",
+        "-m",
+        &closed,
+        "-m",
+        "listName=jobs",
+    ]);
     assert!(!output.status.success());
-    assert!(text(&output.stderr).contains("cannot connect"), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("cannot connect"),
+        "{}",
+        text(&output.stderr)
+    );
 }
 
 #[tokio::test]
@@ -103,14 +175,20 @@ async fn serve_runs_until_sigterm_and_then_shuts_down_cleanly() {
         std::net::TcpStream::connect(admin_addr).is_ok()
     });
     assert_eq!(http_get(admin_addr, "/readyz").await.0, 200);
-    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(status.success());
     let started = std::time::Instant::now();
     let exit = loop {
         if let Some(exit) = child.try_wait().unwrap() {
             break exit;
         }
-        assert!(started.elapsed() < Duration::from_secs(15), "hoist did not exit after SIGTERM");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "hoist did not exit after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(exit.success());

@@ -62,7 +62,9 @@ fn as_hoist_sees_it(raw: &Value) -> Case {
         metadata.insert("authRef".into(), PROFILE.into());
         profiles.insert(
             PROFILE.to_string(),
-            auth.into_iter().map(|(k, v)| (k, AuthValue::Literal(v))).collect(),
+            auth.into_iter()
+                .map(|(k, v)| (k, AuthValue::Literal(v)))
+                .collect(),
         );
     }
     Case {
@@ -77,7 +79,8 @@ fn as_hoist_sees_it(raw: &Value) -> Case {
 }
 
 fn cases(prefix: &str) -> Vec<Case> {
-    let all: Vec<Value> = serde_json::from_str(include_str!("data/keda-metadata-cases.json")).unwrap();
+    let all: Vec<Value> =
+        serde_json::from_str(include_str!("data/keda-metadata-cases.json")).unwrap();
     let cases: Vec<Case> = all
         .iter()
         .filter(|raw| raw["scaler"].as_str().unwrap().starts_with(prefix))
@@ -94,7 +97,8 @@ const DEFAULTS: Defaults = Defaults {
 
 /// KEDA's field names for hoist's Redis config.
 fn redis_field(config: &RedisConfig, field: &str) -> Value {
-    let list = |items: &Option<Vec<String>>| items.as_ref().map_or(Value::Null, |items| json!(items));
+    let list =
+        |items: &Option<Vec<String>>| items.as_ref().map_or(Value::Null, |items| json!(items));
     match field {
         "listLength" => json!(config.list_length),
         "activationListLength" => json!(config.activation_list_length),
@@ -114,7 +118,9 @@ fn redis_field(config: &RedisConfig, field: &str) -> Value {
         "cert" => json!(config.cert),
         "key" => json!(config.key.expose()),
         "keyPassword" => json!(config.key_password.expose()),
-        other => panic!("no Redis field for KEDA's `{other}`: extend the mapping rather than skip it"),
+        other => {
+            panic!("no Redis field for KEDA's `{other}`: extend the mapping rather than skip it")
+        }
     }
 }
 
@@ -147,14 +153,25 @@ fn keda_redis_cases() {
         for (field, expected) in &case.expect {
             let actual = match field.as_str() {
                 // KEDA prefixes `s<triggerIndex>-` itself; hoist gives the rest.
-                "metricName" => json!(format!("s{}-{}", case.trigger_index.unwrap_or(0), parsed.trigger.metric_name)),
+                "metricName" => json!(format!(
+                    "s{}-{}",
+                    case.trigger_index.unwrap_or(0),
+                    parsed.trigger.metric_name
+                )),
                 "targetAverageValue" => json!(parsed.trigger.target as i64),
                 _ => redis_field(&config, field),
             };
-            assert_eq!(&actual, expected, "{} ({}): `{field}`", case.test, case.scaler);
+            assert_eq!(
+                &actual, expected,
+                "{} ({}): `{field}`",
+                case.test, case.scaler
+            );
             checked_fields += 1;
         }
     }
-    assert!(checked_fields > 200, "only {checked_fields} fields compared");
+    assert!(
+        checked_fields > 200,
+        "only {checked_fields} fields compared"
+    );
     assert_eq!(cases.len(), 56, "every Redis row runs");
 }

@@ -27,7 +27,13 @@ async fn metric(hoist: &Hoist, object: &ScaledObjectRef) -> Result<(i64, f64), t
 }
 
 async fn active(hoist: &Hoist, object: &ScaledObjectRef) -> Result<bool, tonic::Status> {
-    Ok(hoist.client().await.is_active(object.clone()).await?.into_inner().result)
+    Ok(hoist
+        .client()
+        .await
+        .is_active(object.clone())
+        .await?
+        .into_inner()
+        .result)
 }
 
 /// Retries `check` every 100 ms for up to 15 s of real time.
@@ -52,11 +58,19 @@ async fn serves_every_rpc_from_a_real_redis() {
     let hoist = Hoist::start().await;
     let jobs = object(
         "orders",
-        &[("scaler", "redis"), ("address", &redis.address()), ("listName", "jobs")],
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "jobs"),
+        ],
     );
     let mut client = hoist.client().await;
 
-    let spec = client.get_metric_spec(jobs.clone()).await.unwrap().into_inner();
+    let spec = client
+        .get_metric_spec(jobs.clone())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(spec.metric_specs.len(), 1);
     assert_eq!(spec.metric_specs[0].metric_name, "redis-jobs");
     assert_eq!(spec.metric_specs[0].target_size, 5);
@@ -100,7 +114,11 @@ async fn serves_every_rpc_from_a_real_redis() {
     };
     assert!(!active(&hoist, &threshold("7")).await.unwrap());
     assert!(active(&hoist, &threshold("6")).await.unwrap());
-    let spec = client.get_metric_spec(threshold("6")).await.unwrap().into_inner();
+    let spec = client
+        .get_metric_spec(threshold("6"))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(spec.metric_specs[0].target_size, 2);
 }
 
@@ -112,7 +130,16 @@ async fn counts_lists_sets_sorted_sets_and_hashes_and_a_missing_key_is_zero() {
     redis.command(&["HSET", "a-hash", "f1", "v", "f2", "v", "f3", "v", "f4", "v"]);
     redis.command(&["SET", "a-string", "v"]);
     let hoist = Hoist::start().await;
-    let on = |list: &str| object(list, &[("scaler", "redis"), ("address", &redis.address()), ("listName", list)]);
+    let on = |list: &str| {
+        object(
+            list,
+            &[
+                ("scaler", "redis"),
+                ("address", &redis.address()),
+                ("listName", list),
+            ],
+        )
+    };
 
     assert_eq!(metric(&hoist, &on("a-set")).await.unwrap(), (2, 2.0));
     assert_eq!(metric(&hoist, &on("a-zset")).await.unwrap(), (3, 3.0));
@@ -122,7 +149,11 @@ async fn counts_lists_sets_sorted_sets_and_hashes_and_a_missing_key_is_zero() {
 
     let string = metric(&hoist, &on("a-string")).await.unwrap_err();
     assert_eq!(string.code(), Code::Unavailable);
-    assert!(string.message().contains("a-string"), "{}", string.message());
+    assert!(
+        string.message().contains("a-string"),
+        "{}",
+        string.message()
+    );
     assert!(string.message().contains("string"), "{}", string.message());
 }
 
@@ -149,7 +180,11 @@ async fn scaled_objects_asking_the_same_question_share_one_poller() {
         assert_eq!(metric(&hoist, &second).await.unwrap(), (2, 2.0));
         assert!(active(&hoist, &second).await.unwrap());
     }
-    assert_eq!(redis.calls("llen"), 1, "one LLEN for ten GetMetrics and five IsActive");
+    assert_eq!(
+        redis.calls("llen"),
+        1,
+        "one LLEN for ten GetMetrics and five IsActive"
+    );
 
     let (_, metrics) = hoist.get("/metrics").await;
     assert!(metrics.contains("hoist_pollers 1"), "{metrics}");
@@ -158,7 +193,11 @@ async fn scaled_objects_asking_the_same_question_share_one_poller() {
     // A different list is a different question.
     let other = object(
         "third",
-        &[("scaler", "redis"), ("address", &redis.address()), ("listName", "other")],
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "other"),
+        ],
     );
     assert_eq!(metric(&hoist, &other).await.unwrap(), (0, 0.0));
     assert_eq!(redis.calls("llen"), 2);
@@ -173,12 +212,59 @@ async fn bad_metadata_is_invalid_argument_naming_the_key() {
         (&[("scaler", "rabbitmq")], "redis-sentinel"),
         (&[("scaler", "redis"), ("address", "a:1")], "`listName`"),
         (&[("scaler", "redis"), ("listName", "jobs")], "`address`"),
-        (&[("scaler", "redis"), ("address", "a:1"), ("listName", "j"), ("listLength", "AA")], "`listLength`"),
-        (&[("scaler", "redis"), ("address", "a:1"), ("listName", "j"), ("activationListLength", "x")], "`activationListLength`"),
-        (&[("scaler", "redis"), ("address", "a:1"), ("listName", "j"), ("enableTLS", "maybe")], "`enableTLS`"),
-        (&[("scaler", "redis"), ("address", "a:port"), ("listName", "j")], "`address`"),
-        (&[("scaler", "redis"), ("address", "a:1"), ("listName", "j"), ("pollingInterval", "0")], "`pollingInterval`"),
-        (&[("scaler", "redis-cluster"), ("hosts", "a,b"), ("ports", "1"), ("listName", "j")], "`hosts`"),
+        (
+            &[
+                ("scaler", "redis"),
+                ("address", "a:1"),
+                ("listName", "j"),
+                ("listLength", "AA"),
+            ],
+            "`listLength`",
+        ),
+        (
+            &[
+                ("scaler", "redis"),
+                ("address", "a:1"),
+                ("listName", "j"),
+                ("activationListLength", "x"),
+            ],
+            "`activationListLength`",
+        ),
+        (
+            &[
+                ("scaler", "redis"),
+                ("address", "a:1"),
+                ("listName", "j"),
+                ("enableTLS", "maybe"),
+            ],
+            "`enableTLS`",
+        ),
+        (
+            &[
+                ("scaler", "redis"),
+                ("address", "a:port"),
+                ("listName", "j"),
+            ],
+            "`address`",
+        ),
+        (
+            &[
+                ("scaler", "redis"),
+                ("address", "a:1"),
+                ("listName", "j"),
+                ("pollingInterval", "0"),
+            ],
+            "`pollingInterval`",
+        ),
+        (
+            &[
+                ("scaler", "redis-cluster"),
+                ("hosts", "a,b"),
+                ("ports", "1"),
+                ("listName", "j"),
+            ],
+            "`hosts`",
+        ),
     ];
     for (metadata, key) in cases {
         let request = object("bad", metadata);
@@ -196,8 +282,16 @@ async fn bad_metadata_is_invalid_argument_naming_the_key() {
         ];
         for response in responses {
             let status = response.unwrap_err();
-            assert_eq!(status.code(), Code::InvalidArgument, "{metadata:?}: {status:?}");
-            assert!(status.message().contains(key), "{metadata:?}: `{}` lacks {key}", status.message());
+            assert_eq!(
+                status.code(),
+                Code::InvalidArgument,
+                "{metadata:?}: {status:?}"
+            );
+            assert!(
+                status.message().contains(key),
+                "{metadata:?}: `{}` lacks {key}",
+                status.message()
+            );
         }
     }
 }
@@ -220,37 +314,70 @@ async fn redis_stopping_mid_run_is_unavailable_without_a_hang_and_recovers() {
     assert_eq!(metric(&hoist, &jobs).await.unwrap(), (3, 3.0));
 
     redis.stop();
-    eventually("GetMetrics to fail", || async { metric(&hoist, &jobs).await.is_err() }).await;
+    eventually("GetMetrics to fail", || async {
+        metric(&hoist, &jobs).await.is_err()
+    })
+    .await;
     let started = std::time::Instant::now();
     let status = metric(&hoist, &jobs).await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_millis(500), "answered from cache, not the source");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "answered from cache, not the source"
+    );
     assert_eq!(status.code(), Code::Unavailable);
-    assert!(status.message().contains(&redis.address()), "names the source: {}", status.message());
-    assert!(status.message().contains("last good value 3"), "{}", status.message());
-    assert_eq!(active(&hoist, &jobs).await.unwrap_err().code(), Code::Unavailable);
+    assert!(
+        status.message().contains(&redis.address()),
+        "names the source: {}",
+        status.message()
+    );
+    assert!(
+        status.message().contains("last good value 3"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(
+        active(&hoist, &jobs).await.unwrap_err().code(),
+        Code::Unavailable
+    );
     let (_, metrics) = hoist.get("/metrics").await;
-    assert!(metrics.contains("hoist_poll_errors_total{scaler=\"redis\""), "{metrics}");
+    assert!(
+        metrics.contains("hoist_poll_errors_total{scaler=\"redis\""),
+        "{metrics}"
+    );
 
     // A trigger first seen while the source is down: an error within its
     // timeout, not a hang.
     let newcomer = object(
         "newcomer",
-        &[("scaler", "redis"), ("address", &redis.address()), ("listName", "other"), ("timeout", "500")],
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "other"),
+            ("timeout", "500"),
+        ],
     );
     let started = std::time::Instant::now();
-    assert_eq!(metric(&hoist, &newcomer).await.unwrap_err().code(), Code::Unavailable);
+    assert_eq!(
+        metric(&hoist, &newcomer).await.unwrap_err().code(),
+        Code::Unavailable
+    );
     assert!(started.elapsed() < Duration::from_secs(3));
 
     redis.restart();
     redis.command(&["RPUSH", "jobs", "x", "y"]);
-    eventually("GetMetrics to recover", || async { metric(&hoist, &jobs).await.ok() == Some((2, 2.0)) }).await;
+    eventually("GetMetrics to recover", || async {
+        metric(&hoist, &jobs).await.ok() == Some((2, 2.0))
+    })
+    .await;
     assert!(active(&hoist, &jobs).await.unwrap());
 }
 
 type Activity = Option<Result<hoist::proto::IsActiveResponse, tonic::Status>>;
 
 /// The next stream message within 2.5 s (a poll is 1 s), or `Err` if none.
-async fn next(stream: &mut tonic::Streaming<hoist::proto::IsActiveResponse>) -> Result<Activity, tokio::time::error::Elapsed> {
+async fn next(
+    stream: &mut tonic::Streaming<hoist::proto::IsActiveResponse>,
+) -> Result<Activity, tokio::time::error::Elapsed> {
     tokio::time::timeout(Duration::from_millis(2500), stream.next()).await
 }
 
@@ -267,25 +394,61 @@ async fn stream_is_active_pushes_only_inactive_to_active_edges() {
             ("pollingInterval", "1"),
         ],
     );
-    let mut stream = hoist.client().await.stream_is_active(jobs.clone()).await.unwrap().into_inner();
+    let mut stream = hoist
+        .client()
+        .await
+        .stream_is_active(jobs.clone())
+        .await
+        .unwrap()
+        .into_inner();
     // Empty list: nothing is sent.
-    assert!(next(&mut stream).await.is_err(), "no message while inactive");
+    assert!(
+        next(&mut stream).await.is_err(),
+        "no message while inactive"
+    );
 
     redis.command(&["RPUSH", "jobs", "a"]);
-    let message = next(&mut stream).await.expect("a push within a poll").unwrap().unwrap();
+    let message = next(&mut stream)
+        .await
+        .expect("a push within a poll")
+        .unwrap()
+        .unwrap();
     assert!(message.result);
     redis.command(&["RPUSH", "jobs", "b", "c"]);
-    assert!(next(&mut stream).await.is_err(), "no repeated true while active");
+    assert!(
+        next(&mut stream).await.is_err(),
+        "no repeated true while active"
+    );
 
     redis.command(&["DEL", "jobs"]);
-    assert!(next(&mut stream).await.is_err(), "deactivation is not pushed");
+    assert!(
+        next(&mut stream).await.is_err(),
+        "deactivation is not pushed"
+    );
     redis.command(&["RPUSH", "jobs", "again"]);
-    let message = next(&mut stream).await.expect("a second edge").unwrap().unwrap();
+    let message = next(&mut stream)
+        .await
+        .expect("a second edge")
+        .unwrap()
+        .unwrap();
     assert!(message.result);
 
     // A stream opened while already active starts with true.
-    let mut late = hoist.client().await.stream_is_active(jobs.clone()).await.unwrap().into_inner();
-    assert!(next(&mut late).await.expect("an immediate true").unwrap().unwrap().result);
+    let mut late = hoist
+        .client()
+        .await
+        .stream_is_active(jobs.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        next(&mut late)
+            .await
+            .expect("an immediate true")
+            .unwrap()
+            .unwrap()
+            .result
+    );
 }
 
 #[tokio::test]
@@ -293,22 +456,42 @@ async fn shutdown_ends_open_streams_with_ok_and_stops_serving() {
     let redis = RedisServer::start();
     redis.command(&["RPUSH", "jobs", "a"]);
     let hoist = Hoist::start().await;
-    let jobs = object("orders", &[("scaler", "redis"), ("address", &redis.address()), ("listName", "jobs")]);
+    let jobs = object(
+        "orders",
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "jobs"),
+        ],
+    );
     let mut streams = Vec::new();
     for _ in 0..3 {
-        let mut stream = hoist.client().await.stream_is_active(jobs.clone()).await.unwrap().into_inner();
+        let mut stream = hoist
+            .client()
+            .await
+            .stream_is_active(jobs.clone())
+            .await
+            .unwrap()
+            .into_inner();
         assert!(stream.next().await.unwrap().unwrap().result);
         streams.push(stream);
     }
     let grpc = hoist.grpc;
     let stopped = tokio::time::timeout(Duration::from_secs(5), hoist.stop()).await;
-    stopped.expect("shutdown is bounded").expect("a clean shutdown");
+    stopped
+        .expect("shutdown is bounded")
+        .expect("a clean shutdown");
     for mut stream in streams {
         // The stream ends (None), not with an error status.
-        let end = tokio::time::timeout(Duration::from_secs(2), stream.next()).await.unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(2), stream.next())
+            .await
+            .unwrap();
         assert!(end.is_none(), "expected a clean end, got {end:?}");
     }
-    assert!(tokio::net::TcpStream::connect(grpc).await.is_err(), "no longer listening");
+    assert!(
+        tokio::net::TcpStream::connect(grpc).await.is_err(),
+        "no longer listening"
+    );
 }
 
 #[tokio::test]
@@ -318,7 +501,11 @@ async fn redis_cluster_trigger_reads_the_list_from_its_owner() {
     let hoist = Hoist::start().await;
     let jobs = object(
         "orders",
-        &[("scaler", "redis-cluster"), ("addresses", &cluster.addresses()), ("listName", "cluster-jobs")],
+        &[
+            ("scaler", "redis-cluster"),
+            ("addresses", &cluster.addresses()),
+            ("listName", "cluster-jobs"),
+        ],
     );
     assert_eq!(metric(&hoist, &jobs).await.unwrap(), (4, 4.0));
     let by_hosts = object(
@@ -330,7 +517,11 @@ async fn redis_cluster_trigger_reads_the_list_from_its_owner() {
             ("listName", "cluster-jobs"),
         ],
     );
-    assert_eq!(metric(&hoist, &by_hosts).await.unwrap(), (4, 4.0), "one seed node finds the rest");
+    assert_eq!(
+        metric(&hoist, &by_hosts).await.unwrap(),
+        (4, 4.0),
+        "one seed node finds the rest"
+    );
 }
 
 #[tokio::test]
@@ -357,7 +548,10 @@ async fn redis_sentinel_trigger_asks_the_sentinel_for_the_master() {
             ("listName", "jobs"),
         ],
     );
-    assert_eq!(metric(&hoist, &wrong_master).await.unwrap_err().code(), Code::Unavailable);
+    assert_eq!(
+        metric(&hoist, &wrong_master).await.unwrap_err().code(),
+        Code::Unavailable
+    );
 }
 
 #[tokio::test]
@@ -378,25 +572,46 @@ async fn passwords_come_from_auth_profiles_and_never_show_in_errors() {
     let with = |profile: &str| {
         object(
             "orders",
-            &[("scaler", "redis"), ("address", &redis.address()), ("listName", "jobs"), ("authRef", profile)],
+            &[
+                ("scaler", "redis"),
+                ("address", &redis.address()),
+                ("listName", "jobs"),
+                ("authRef", profile),
+            ],
         )
     };
-    assert_eq!(metric(&hoist, &with("orders-redis")).await.unwrap(), (1, 1.0));
+    assert_eq!(
+        metric(&hoist, &with("orders-redis")).await.unwrap(),
+        (1, 1.0)
+    );
 
     let refused = metric(&hoist, &with("wrong")).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable);
-    assert!(refused.message().contains("credentials refused"), "{}", refused.message());
+    assert!(
+        refused.message().contains("credentials refused"),
+        "{}",
+        refused.message()
+    );
 
     // A password resolved by KEDA from the target's env works the same way.
     let from_env = object(
         "orders-env",
-        &[("scaler", "redis"), ("address", &redis.address()), ("listName", "jobs"), ("passwordFromEnv", password)],
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "jobs"),
+            ("passwordFromEnv", password),
+        ],
     );
     assert_eq!(metric(&hoist, &from_env).await.unwrap(), (1, 1.0));
 
     let unknown = metric(&hoist, &with("nope")).await.unwrap_err();
     assert_eq!(unknown.code(), Code::FailedPrecondition);
-    assert!(unknown.message().contains("`nope`"), "{}", unknown.message());
+    assert!(
+        unknown.message().contains("`nope`"),
+        "{}",
+        unknown.message()
+    );
 
     let (_, metrics) = hoist.get("/metrics").await;
     for text in [refused.message(), unknown.message(), metrics.as_str()] {

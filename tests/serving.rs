@@ -9,10 +9,10 @@ use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
 use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-use tonic_reflection::pb::v1::ServerReflectionRequest;
 
 #[tokio::test]
 async fn grpc_health_reports_serving_then_not_serving_on_shutdown() {
@@ -25,7 +25,9 @@ async fn grpc_health_reports_serving_then_not_serving_on_shutdown() {
     let mut health = HealthClient::new(hoist.channel().await);
     for service in ["", "externalscaler.ExternalScaler"] {
         let status = health
-            .check(HealthCheckRequest { service: service.into() })
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
             .await
             .unwrap()
             .into_inner()
@@ -39,9 +41,16 @@ async fn grpc_health_reports_serving_then_not_serving_on_shutdown() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(watch.next().await.unwrap().unwrap().status, ServingStatus::Serving as i32);
+    assert_eq!(
+        watch.next().await.unwrap().unwrap().status,
+        ServingStatus::Serving as i32
+    );
     let stopping = tokio::spawn(hoist.stop());
-    let update = watch.next().await.expect("an update before the stream ends").unwrap();
+    let update = watch
+        .next()
+        .await
+        .expect("an update before the stream ends")
+        .unwrap();
     assert_eq!(update.status, ServingStatus::NotServing as i32);
     stopping.await.unwrap().unwrap();
 }
@@ -59,12 +68,20 @@ async fn reflection_lists_the_services() {
         .await
         .unwrap()
         .into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) = responses.next().await.unwrap().unwrap().message_response else {
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        responses.next().await.unwrap().unwrap().message_response
+    else {
         panic!("expected a service list");
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.contains(&"externalscaler.ExternalScaler".to_string()), "{names:?}");
-    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"externalscaler.ExternalScaler".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
 }
 
 #[tokio::test]
@@ -76,7 +93,14 @@ async fn admin_endpoints_answer_and_metrics_cover_rpcs_triggers_and_polls() {
     assert_eq!(hoist.get("/readyz").await.0, 200);
     assert_eq!(hoist.get("/nope").await.0, 404);
 
-    let jobs = object("orders", &[("scaler", "redis"), ("address", &redis.address()), ("listName", "jobs")]);
+    let jobs = object(
+        "orders",
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "jobs"),
+        ],
+    );
     let mut client = hoist.client().await;
     client
         .get_metrics(GetMetricsRequest {
@@ -100,6 +124,9 @@ async fn admin_endpoints_answer_and_metrics_cover_rpcs_triggers_and_polls() {
         "hoist_pollers 1",
         "hoist_tracked_triggers 1",
     ] {
-        assert!(metrics.contains(expected), "missing `{expected}` in:\n{metrics}");
+        assert!(
+            metrics.contains(expected),
+            "missing `{expected}` in:\n{metrics}"
+        );
     }
 }

@@ -88,9 +88,11 @@ impl RedisServer {
         self.child = Some(child);
         let url = self.url();
         let password = self.password();
-        wait_until(Duration::from_secs(10), "redis-server to answer PING", || {
-            ping(&url, password.as_deref())
-        });
+        wait_until(
+            Duration::from_secs(10),
+            "redis-server to answer PING",
+            || ping(&url, password.as_deref()),
+        );
     }
 
     fn password(&self) -> Option<String> {
@@ -113,7 +115,9 @@ impl RedisServer {
     /// A plain client connection for setting up data.
     pub fn connection(&self) -> redis::Connection {
         let client = match self.password() {
-            Some(password) => redis::Client::open(format!("redis://:{password}@127.0.0.1:{}/", self.port)),
+            Some(password) => {
+                redis::Client::open(format!("redis://:{password}@127.0.0.1:{}/", self.port))
+            }
             None => redis::Client::open(self.url()),
         }
         .expect("a redis URL");
@@ -125,7 +129,9 @@ impl RedisServer {
         for arg in &args[1..] {
             command.arg(*arg);
         }
-        command.query(&mut self.connection()).expect("a redis command")
+        command
+            .query(&mut self.connection())
+            .expect("a redis command")
     }
 
     /// How many times Redis ran `command` (from `INFO commandstats`).
@@ -218,20 +224,28 @@ impl RedisCluster {
     }
 
     pub fn addresses(&self) -> String {
-        self.nodes.iter().map(RedisServer::address).collect::<Vec<_>>().join(",")
+        self.nodes
+            .iter()
+            .map(RedisServer::address)
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Runs a command on the node that owns `key`.
     pub fn on_owner(&self, key: &str, args: &[&str]) {
-        let client = redis::cluster::ClusterClient::new(self.nodes.iter().map(RedisServer::url).collect::<Vec<_>>())
-            .expect("a cluster client");
+        let client = redis::cluster::ClusterClient::new(
+            self.nodes.iter().map(RedisServer::url).collect::<Vec<_>>(),
+        )
+        .expect("a cluster client");
         let mut connection = client.get_connection().expect("a cluster connection");
         let mut command = redis::cmd(args[0]);
         command.arg(key);
         for arg in &args[1..] {
             command.arg(*arg);
         }
-        command.query::<redis::Value>(&mut connection).expect("a cluster command");
+        command
+            .query::<redis::Value>(&mut connection)
+            .expect("a cluster command");
     }
 }
 
@@ -266,17 +280,21 @@ impl RedisSentinel {
             .spawn()
             .expect("redis-server --sentinel starts");
         let url = format!("redis://127.0.0.1:{port}/");
-        wait_until(Duration::from_secs(10), "the sentinel to know its master", || {
-            redis::Client::open(url.as_str())
-                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-                .and_then(|mut c| {
-                    redis::cmd("SENTINEL")
-                        .arg("get-master-addr-by-name")
-                        .arg("mymaster")
-                        .query::<Vec<String>>(&mut c)
-                })
-                .is_ok_and(|addr| addr.len() == 2)
-        });
+        wait_until(
+            Duration::from_secs(10),
+            "the sentinel to know its master",
+            || {
+                redis::Client::open(url.as_str())
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                    .and_then(|mut c| {
+                        redis::cmd("SENTINEL")
+                            .arg("get-master-addr-by-name")
+                            .arg("mymaster")
+                            .query::<Vec<String>>(&mut c)
+                    })
+                    .is_ok_and(|addr| addr.len() == 2)
+            },
+        );
         Self {
             master,
             port,
@@ -346,7 +364,11 @@ impl Hoist {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        self.task.take().unwrap().await.expect("the server task does not panic")
+        self.task
+            .take()
+            .unwrap()
+            .await
+            .expect("the server task does not panic")
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {
@@ -364,7 +386,9 @@ impl Drop for Hoist {
 
 /// A minimal HTTP/1.0 GET: status code and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("admin port answers");
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("admin port answers");
     stream
         .write_all(format!("GET {path} HTTP/1.0\r\nHost: hoist\r\n\r\n").as_bytes())
         .await
@@ -376,7 +400,10 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|code| code.parse().ok())
         .expect("an HTTP status line");
-    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
     (status, body)
 }
 
