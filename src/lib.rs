@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod config;
 pub mod driver;
+pub mod engine;
 pub mod grpc;
 pub mod logging;
 pub mod metadata;

@@ -1,0 +1,521 @@
+//! The scaling engine: a pure, synchronous state machine per ScaledObject.
+//!
+//! Time is an argument (`now`, wall-clock milliseconds), decisions are
+//! values, and the state is plain serde data that can be saved, shown and
+//! replayed. No I/O, no tasks, no clock.
+//!
+//! One evaluation, [`decide`], follows KEDA and the HPA:
+//! 1. each trigger's reading becomes "active?" (value > activation target)
+//!    and a proposal (the HPA's AverageValue rule: `ceil(value / target)`
+//!    unless within tolerance); the largest proposal wins;
+//! 2. at zero replicas, activity scales to `max(1, minReplicaCount)` (what
+//!    KEDA does); without activity for `cooldownPeriod` the engine goes to
+//!    `minReplicaCount`;
+//! 3. otherwise the HPA's normalization: stabilization windows, then ACA's
+//!    step-up `min(max, desired, max(4, 2 × current))` or, with a
+//!    `behavior`, its rate policies; min and max bound everything.
+//!
+//! Faults: a trigger in error never lowers replicas or deactivates; valid
+//! triggers may still scale up; after `failureThreshold` consecutive
+//! failures the `fallback` replica count applies.
+
+pub mod hpa;
+mod rules;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use hpa::{Held, Limit, RateArgs, Recommendation, ScaleEvent};
+pub use rules::{Behavior, BehaviorRules, Fallback, Rules};
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub type Millis = u64;
+
+/// ACA's (and the HPA's) scale-up factor without `behavior`.
+pub const SCALE_UP_FACTOR: f64 = 2.0;
+
+/// One trigger's latest reading, as fed to the engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reading {
+    /// Names the trigger within its ScaledObject (hoist uses the metric name).
+    pub trigger: String,
+    /// Target value per replica.
+    pub target: f64,
+    /// Active when the value is strictly above this.
+    #[serde(default)]
+    pub activation_target: f64,
+    /// The value, or why there is none.
+    pub value: Result<f64, String>,
+    /// When it was read. A reading fed twice (same trigger and `at`) is
+    /// one reading: failures are counted once.
+    pub at: Millis,
+}
+
+/// Everything the engine remembers about one ScaledObject.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct State {
+    /// The replica count the engine last recommended (assumed applied).
+    pub current_replicas: u32,
+    /// Whether the last decision was active.
+    pub active: bool,
+    /// The last time any trigger was active (or a trigger failed while
+    /// active: a failure is not evidence of idleness).
+    pub last_active: Option<Millis>,
+    /// Past recommendations for the stabilization windows. `None` until the
+    /// first evaluation at one or more replicas, which seeds it with the
+    /// current count, as the HPA does.
+    pub recommendations: Option<Vec<Recommendation>>,
+    /// Past steps, for `behavior` rate policies.
+    pub scale_up_events: Vec<ScaleEvent>,
+    pub scale_down_events: Vec<ScaleEvent>,
+    /// Per trigger: the last reading seen and consecutive failures.
+    pub triggers: BTreeMap<String, TriggerState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TriggerState {
+    pub last_value: Option<f64>,
+    pub last_error: Option<String>,
+    pub last_reading_at: Option<Millis>,
+    pub consecutive_failures: u32,
+}
+
+/// What limited (or explains) a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reason {
+    /// The proposal applied unchanged.
+    DesiredWithinRange,
+    /// The step-up rule or a scale-up policy capped the increase.
+    ScaleUpLimit,
+    /// A scale-down policy capped the decrease.
+    ScaleDownLimit,
+    /// Raised to the minimum.
+    TooFewReplicas,
+    /// Capped at the maximum.
+    TooManyReplicas,
+    /// Held up by a higher recommendation in the scale-down window.
+    ScaleDownStabilized,
+    /// Held down by a lower recommendation in the scale-up window.
+    ScaleUpStabilized,
+    /// Every trigger's usage ratio is within tolerance: no change.
+    WithinTolerance,
+    /// Inactive, but within `cooldownPeriod` of the last activity.
+    Cooldown,
+    /// Woken from zero by activity.
+    Activated,
+    /// No activity for `cooldownPeriod`: at `minReplicaCount`.
+    Inactive,
+    /// A trigger failed `failureThreshold` times in a row.
+    Fallback,
+    /// A trigger is failing: no scale-down, no deactivation.
+    TriggerError,
+}
+
+/// One evaluation's outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub at: Millis,
+    pub active: bool,
+    /// The replica count to run now.
+    pub replicas: u32,
+    /// `max ceil(value / target)` over valid triggers, before any rule.
+    pub raw_desired: Option<u32>,
+    pub reason: Reason,
+    pub message: String,
+    /// When a further evaluation could change the outcome without new
+    /// readings: the next poll, or the end of a cooldown.
+    pub next_evaluation: Millis,
+    /// When the cooldown ends, while one is running.
+    pub cooldown_ends: Option<Millis>,
+}
+
+/// Evaluates the rules on the latest readings at `now`, updating `state`.
+pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Millis) -> Decision {
+    let cooldown = rules.cooldown_period * 1000;
+    let next_poll = now + rules.polling_interval * 1000;
+
+    let fallback_due = absorb(state, readings, rules.fallback.map(|f| f.failure_threshold));
+    let errors: Vec<&Reading> = readings.iter().filter(|r| r.value.is_err()).collect();
+    let values: Vec<(&Reading, f64)> = readings
+        .iter()
+        .filter_map(|reading| reading.value.as_ref().ok().map(|value| (reading, *value)))
+        .collect();
+    let active_now = values
+        .iter()
+        .any(|(reading, value)| *value > reading.activation_target);
+    if active_now || (state.active && !errors.is_empty()) {
+        state.last_active = Some(now);
+    }
+    let raw_desired = values
+        .iter()
+        .map(|(reading, value)| (value / reading.target).ceil() as i64)
+        .max()
+        .map(|desired| desired.clamp(0, u32::MAX as i64) as u32);
+    let cooldown_ends = state
+        .last_active
+        .map(|at| at + cooldown)
+        .filter(|end| *end > now);
+    let active = active_now || cooldown_ends.is_some();
+
+    let max = rules.max_replica_count;
+    let min = rules.min_replica_count;
+    let current = state.current_replicas;
+    let outcome = |replicas: u32, reason: Reason, message: String, active: bool| Decision {
+        at: now,
+        active,
+        replicas,
+        raw_desired,
+        reason,
+        message,
+        next_evaluation: cooldown_ends.map_or(next_poll, |end| end.min(next_poll)),
+        cooldown_ends: cooldown_ends.filter(|_| !active_now),
+    };
+
+    let decision = if let Some(fallback) = fallback_due.then_some(rules.fallback).flatten() {
+        let replicas = fallback.replicas.min(max);
+        outcome(
+            replicas,
+            Reason::Fallback,
+            format!(
+                "a trigger failed {} times in a row: running the fallback of {replicas} replicas",
+                fallback.failure_threshold
+            ),
+            replicas > 0,
+        )
+    } else if current == 0 {
+        if active_now {
+            let replicas = min.max(1);
+            outcome(
+                replicas,
+                Reason::Activated,
+                "activity while at zero: starting".into(),
+                true,
+            )
+        } else if min > 0 {
+            outcome(
+                min,
+                Reason::TooFewReplicas,
+                format!("raised to minReplicaCount {min}"),
+                false,
+            )
+        } else if !errors.is_empty() {
+            outcome(0, Reason::TriggerError, failing(&errors), false)
+        } else {
+            outcome(0, Reason::Inactive, "no activity".into(), false)
+        }
+    } else if !active && errors.is_empty() && min == 0 {
+        outcome(
+            0,
+            Reason::Inactive,
+            format!(
+                "no activity for cooldownPeriod ({} s): scaled to zero",
+                rules.cooldown_period
+            ),
+            false,
+        )
+    } else {
+        let (replicas, reason, message) = scale_from(state, rules, current, &values, &errors, now);
+        let (reason, message) = match reason {
+            // Only the cooldown keeps the last replica(s) running.
+            Reason::TooFewReplicas | Reason::ScaleDownStabilized
+                if !active_now && cooldown_ends.is_some() && min == 0 =>
+            {
+                (
+                    Reason::Cooldown,
+                    format!(
+                        "inactive: scaling to zero in {} s unless activity returns",
+                        cooldown_ends.unwrap_or(now).saturating_sub(now) / 1000
+                    ),
+                )
+            }
+            _ => (reason, message),
+        };
+        outcome(replicas, reason, message, active)
+    };
+
+    state.current_replicas = decision.replicas;
+    state.active = decision.active;
+    decision
+}
+
+/// Records the readings; returns whether a fallback is due.
+fn absorb(state: &mut State, readings: &[Reading], threshold: Option<u32>) -> bool {
+    let mut due = false;
+    for reading in readings {
+        let trigger = state.triggers.entry(reading.trigger.clone()).or_default();
+        let fresh = trigger.last_reading_at != Some(reading.at);
+        match &reading.value {
+            Ok(value) => {
+                trigger.last_value = Some(*value);
+                trigger.last_error = None;
+                trigger.consecutive_failures = 0;
+            }
+            Err(error) => {
+                trigger.last_error = Some(error.clone());
+                if fresh {
+                    trigger.consecutive_failures += 1;
+                }
+            }
+        }
+        trigger.last_reading_at = Some(reading.at);
+        due |= threshold.is_some_and(|threshold| trigger.consecutive_failures >= threshold);
+    }
+    due
+}
+
+fn failing(errors: &[&Reading]) -> String {
+    let names: Vec<&str> = errors.iter().map(|r| r.trigger.as_str()).collect();
+    format!(
+        "trigger(s) failing, holding the current count: {}",
+        names.join(", ")
+    )
+}
+
+/// The HPA part for a ScaledObject at one or more replicas.
+fn scale_from(
+    state: &mut State,
+    rules: &Rules,
+    current: u32,
+    values: &[(&Reading, f64)],
+    errors: &[&Reading],
+    now: Millis,
+) -> (u32, Reason, String) {
+    let up = rules.scale_up();
+    let down = rules.scale_down();
+    let current = current.min(i32::MAX as u32) as i32;
+    let args = HpaArgs {
+        current,
+        min: rules.min_replica_count.max(1) as i32,
+        max: rules.max_replica_count as i32,
+        behavior: rules.behavior.is_some(),
+        scale_up: &up,
+        scale_down: &down,
+        legacy_factor: SCALE_UP_FACTOR,
+    };
+    let mut proposals: Vec<Option<i32>> = values
+        .iter()
+        .map(|(reading, value)| {
+            Some(hpa::average_value_proposal(
+                *value,
+                reading.target,
+                current,
+                down.tolerance,
+                up.tolerance,
+            ))
+        })
+        .collect();
+    proposals.extend(errors.iter().map(|_| None));
+    let (min, max) = (args.min, args.max);
+    let (replicas, reason, message) = match hpa_reconcile(state, &args, &proposals, now) {
+        HpaOutcome::Snapped { replicas, limit } => {
+            let message = if limit == Limit::TooManyReplicas {
+                format!("above maxReplicaCount {max}")
+            } else {
+                format!("below the minimum of {min}")
+            };
+            (replicas, reason_of(limit), message)
+        }
+        HpaOutcome::Held => (current, Reason::TriggerError, failing(errors)),
+        HpaOutcome::Scaled {
+            desired,
+            stabilized,
+            replicas,
+            limit,
+            held,
+        } => {
+            let within_tolerance = desired == current
+                && values
+                    .iter()
+                    .any(|(reading, value)| (value / reading.target).ceil() as i32 != current);
+            match limit {
+                Limit::DesiredWithinRange if stabilized != desired => match held {
+                    Held::Down => (
+                        replicas,
+                        Reason::ScaleDownStabilized,
+                        format!(
+                            "wants {desired}; a higher recommendation within the scale-down window holds {stabilized}"
+                        ),
+                    ),
+                    Held::Up => (
+                        replicas,
+                        Reason::ScaleUpStabilized,
+                        format!(
+                            "wants {desired}; a lower recommendation within the scale-up window holds {stabilized}"
+                        ),
+                    ),
+                },
+                Limit::DesiredWithinRange if within_tolerance => (
+                    replicas,
+                    Reason::WithinTolerance,
+                    format!("usage within tolerance of {current} replicas"),
+                ),
+                Limit::DesiredWithinRange => (
+                    replicas,
+                    Reason::DesiredWithinRange,
+                    format!("{replicas} replicas"),
+                ),
+                Limit::ScaleUpLimit => (
+                    replicas,
+                    Reason::ScaleUpLimit,
+                    format!("wants {stabilized}; stepping up at most to {replicas}"),
+                ),
+                Limit::ScaleDownLimit => (
+                    replicas,
+                    Reason::ScaleDownLimit,
+                    format!("wants {stabilized}; stepping down at most to {replicas}"),
+                ),
+                Limit::TooFewReplicas => (
+                    replicas,
+                    Reason::TooFewReplicas,
+                    format!("wants {stabilized}; the minimum is {min}"),
+                ),
+                Limit::TooManyReplicas => (
+                    replicas,
+                    Reason::TooManyReplicas,
+                    format!("wants {stabilized}; maxReplicaCount is {max}"),
+                ),
+            }
+        }
+    };
+    (replicas.max(0) as u32, reason, message)
+}
+
+fn reason_of(limit: Limit) -> Reason {
+    match limit {
+        Limit::DesiredWithinRange => Reason::DesiredWithinRange,
+        Limit::ScaleUpLimit => Reason::ScaleUpLimit,
+        Limit::ScaleDownLimit => Reason::ScaleDownLimit,
+        Limit::TooFewReplicas => Reason::TooFewReplicas,
+        Limit::TooManyReplicas => Reason::TooManyReplicas,
+    }
+}
+
+/// The HPA's view of one reconcile.
+pub struct HpaArgs<'a> {
+    pub current: i32,
+    pub min: i32,
+    pub max: i32,
+    /// Whether a `behavior` is set (rate policies, two-sided stabilization).
+    pub behavior: bool,
+    pub scale_up: &'a hpa::ScalingRules,
+    pub scale_down: &'a hpa::ScalingRules,
+    /// The no-`behavior` step-up factor (2; the Kubernetes unit tests use 8).
+    pub legacy_factor: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HpaOutcome {
+    /// The current count was outside [min, max] and snapped to the bound.
+    Snapped { replicas: i32, limit: Limit },
+    /// A metric failed and the others ask for fewer replicas: no change.
+    Held,
+    /// Normalized: the largest proposal, stabilized, then limited.
+    Scaled {
+        desired: i32,
+        stabilized: i32,
+        replicas: i32,
+        limit: Limit,
+        held: Held,
+    },
+}
+
+/// The HPA's reconcile on per-metric proposals (`None`: the metric failed),
+/// recording the recommendation and, with a `behavior`, the scale event.
+pub fn hpa_reconcile(
+    state: &mut State,
+    args: &HpaArgs,
+    proposals: &[Option<i32>],
+    now: Millis,
+) -> HpaOutcome {
+    let current = args.current;
+    if current > args.max {
+        return HpaOutcome::Snapped {
+            replicas: args.max,
+            limit: Limit::TooManyReplicas,
+        };
+    }
+    if current < args.min {
+        return HpaOutcome::Snapped {
+            replicas: args.min,
+            limit: Limit::TooFewReplicas,
+        };
+    }
+    let failed = proposals.iter().any(Option::is_none);
+    let Some(desired) = proposals.iter().flatten().copied().max() else {
+        return HpaOutcome::Held;
+    };
+    if failed && desired < current {
+        return HpaOutcome::Held;
+    }
+
+    let log = state.recommendations.get_or_insert_with(|| {
+        vec![Recommendation {
+            replicas: current,
+            at: now,
+        }]
+    });
+    let (up, down) = (args.scale_up, args.scale_down);
+    if !args.behavior {
+        let (stabilized, held) = if up.stabilization_window_seconds == 0 {
+            let stabilized =
+                hpa::stabilize_legacy(log, desired, down.stabilization_window_seconds, now);
+            (stabilized, Held::Down)
+        } else {
+            hpa::stabilize_with_behaviors(
+                log,
+                current,
+                desired,
+                up.stabilization_window_seconds,
+                down.stabilization_window_seconds,
+                now,
+            )
+        };
+        let (replicas, limit) =
+            hpa::convert_with_rules(current, stabilized, args.min, args.max, args.legacy_factor);
+        return HpaOutcome::Scaled {
+            desired,
+            stabilized,
+            replicas,
+            limit,
+            held,
+        };
+    }
+    let (stabilized, held) = hpa::stabilize_with_behaviors(
+        log,
+        current,
+        desired,
+        up.stabilization_window_seconds,
+        down.stabilization_window_seconds,
+        now,
+    );
+    let (replicas, limit) = hpa::convert_with_behavior_rate(
+        &RateArgs {
+            current,
+            desired: stabilized,
+            min: args.min,
+            max: args.max,
+            scale_up: up,
+            scale_down: down,
+            up_events: &state.scale_up_events,
+            down_events: &state.scale_down_events,
+        },
+        now,
+    );
+    if replicas > current {
+        hpa::store_scale_event(&mut state.scale_up_events, up, replicas - current, now);
+    } else if replicas < current {
+        hpa::store_scale_event(&mut state.scale_down_events, down, current - replicas, now);
+    }
+    HpaOutcome::Scaled {
+        desired,
+        stabilized,
+        replicas,
+        limit,
+        held,
+    }
+}
