@@ -519,3 +519,6 @@ pub fn hpa_reconcile(
         held,
     }
 }
+
+#[cfg(test)]
+mod tests;
