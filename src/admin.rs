@@ -1,4 +1,4 @@
-//! The admin HTTP listener: `/healthz`, `/readyz`, `/metrics`.
+//! The admin HTTP listener: `/healthz`, `/readyz`, `/metrics`, `/status`.
 
 use std::sync::Arc;
 
@@ -10,9 +10,12 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
+use crate::driver::Driver;
+
 #[derive(Clone)]
 pub struct AdminState {
     pub registry: Arc<Registry>,
+    pub driver: Driver,
     /// True while hoist is serving; false while starting or shutting down.
     pub ready: watch::Receiver<bool>,
 }
@@ -22,6 +25,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/status", get(status))
         .with_state(state)
 }
 
@@ -39,6 +43,10 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
             "not ready: starting or shutting down\n",
         )
     }
+}
+
+async fn status(State(state): State<AdminState>) -> impl IntoResponse {
+    axum::Json(crate::status::snapshot(&state.driver))
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {

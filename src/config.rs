@@ -12,7 +12,8 @@ use crate::metadata::{AuthParams, MetadataError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot load configuration: {0}")]
+    /// The cause follows in the error chain.
+    #[error("cannot load configuration")]
     Load(#[from] config::ConfigError),
     #[error("invalid configuration: `{key}`: {reason}")]
     Invalid { key: String, reason: String },

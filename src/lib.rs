@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod decide;
 pub mod driver;
 pub mod engine;
 pub mod grpc;
@@ -14,6 +15,8 @@ pub mod probe;
 pub mod scalers;
 pub mod secret;
 pub mod server;
+pub mod simulate;
+pub mod status;
 pub mod trigger;
 
 /// The generated ExternalScaler contract (`proto/externalscaler.proto`).

@@ -28,6 +28,51 @@ enum Command {
     CheckConfig(ConfigArgs),
     /// Measure one trigger once and print what hoist would report to KEDA.
     Probe(ProbeArgs),
+    /// Show every ScaledObject a running hoist tracks: readings and their
+    /// age, activity, current and desired replicas, the reason, and the
+    /// time left in cooldown or stabilization.
+    Status(StatusArgs),
+    /// Replay a metric trace through the scaling engine and print the
+    /// timeline (time, readings, active, replicas, reason).
+    Simulate(SimulateArgs),
+    /// Run one engine evaluation on a saved state and print the decision
+    /// and the new state as JSON.
+    Decide(DecideArgs),
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// The admin address of the running hoist.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9091")]
+    admin: String,
+    /// Print the raw JSON of `/status` instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// The rules file (TOML, or JSON by extension): `[rules]` with
+    /// ScaledObject keys and one `[[triggers]]` (name, target,
+    /// activationTarget) per trace column. See docs/examples/.
+    #[arg(long, value_name = "RULES")]
+    rules: PathBuf,
+    /// The trace: CSV with a `time` column (seconds) and one column per
+    /// trigger; an empty cell or `error` is a failed reading.
+    #[arg(long, value_name = "TRACE.csv")]
+    trace: PathBuf,
+    /// Also draw readings and replicas over time into this SVG file.
+    #[arg(long, value_name = "OUT.svg")]
+    svg: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct DecideArgs {
+    /// A JSON document: `rules`, `state` (as printed by a previous decide),
+    /// `readings` (trigger, target, activationTarget, value or error, at)
+    /// and `now` (Unix milliseconds). `-` reads standard input.
+    #[arg(long, value_name = "STATE.json")]
+    input: PathBuf,
 }
 
 /// Where settings come from: built-in defaults < `--config` file <
@@ -130,6 +175,46 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 Ok(ExitCode::FAILURE)
             }
+        }
+        Command::Status(args) => {
+            let url = format!("{}/status", args.admin.trim_end_matches('/'));
+            let response = reqwest::get(&url)
+                .await
+                .with_context(|| format!("cannot reach {url}"))?
+                .error_for_status()?;
+            if args.json {
+                println!("{}", response.text().await?);
+            } else {
+                let status: hoist::status::Status = response.json().await?;
+                print!("{}", hoist::status::table(&status));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Simulate(args) => {
+            let scenario = hoist::simulate::load_scenario(&args.rules)?;
+            let trace = hoist::simulate::read(&args.trace)?;
+            let samples = hoist::simulate::parse_trace(&trace, &scenario)?;
+            let steps = hoist::simulate::simulate(&scenario, &samples);
+            print!("{}", hoist::simulate::timeline(&scenario, &steps));
+            if let Some(path) = args.svg {
+                std::fs::write(&path, hoist::simulate::svg(&scenario, &steps))
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Decide(args) => {
+            let input = if args.input.as_os_str() == "-" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)?;
+                text
+            } else {
+                std::fs::read_to_string(&args.input)
+                    .with_context(|| format!("cannot read {}", args.input.display()))?
+            };
+            let output = hoist::decide::decide(&input)?;
+            println!("{}", serde_json::to_string_pretty(&output)?);
+            Ok(ExitCode::SUCCESS)
         }
         Command::Probe(args) => {
             let settings = args.config.load()?;

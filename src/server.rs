@@ -28,12 +28,13 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("gRPC server failed: {0}")]
+    // The causes follow in the error chain.
+    #[error("gRPC server failed")]
     Grpc(#[from] tonic::transport::Error),
-    #[error("gRPC reflection setup failed: {0}")]
+    #[error("gRPC reflection setup failed")]
     Reflection(#[from] tonic_reflection::server::Error),
-    #[error("admin server failed: {0}")]
-    Admin(std::io::Error),
+    #[error("admin server failed")]
+    Admin(#[source] std::io::Error),
 }
 
 /// Listeners bound, nothing served yet: tests bind to port 0 and read the
@@ -119,6 +120,7 @@ impl Server {
         let admin_addr = admin.local_addr().ok();
         let admin_router = admin::router(AdminState {
             registry: Arc::new(registry),
+            driver: driver.clone(),
             ready,
         });
         let admin_server =

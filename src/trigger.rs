@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::config::AuthProfiles;
+use crate::engine::Rules;
 use crate::metadata::{AuthParams, MetadataError, Origin, Params};
 use crate::scalers::{self, Trigger};
 
@@ -16,10 +17,13 @@ pub struct Defaults {
 }
 
 /// How hoist answers KEDA for this trigger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ScalingMode {
     /// Report the raw value; KEDA and the HPA decide, as with built-in scalers.
     Passthrough,
+    /// hoist's engine decides for the whole ScaledObject with these rules:
+    /// `IsActive` follows it and `GetMetrics` reports `replicas × target`.
+    Engine(Rules),
 }
 
 #[derive(Clone)]
@@ -81,10 +85,7 @@ pub fn parse(
         None => ScalingMode::Passthrough,
         Some(found) if found.value == "passthrough" => ScalingMode::Passthrough,
         Some(found) if found.value == "engine" => {
-            return Err(MetadataError::invalid(
-                "scalingMode",
-                "`engine` is not available in this version of hoist; use `passthrough`",
-            ));
+            ScalingMode::Engine(Rules::from_metadata(&params, polling_interval.as_secs())?)
         }
         Some(found) => {
             return Err(MetadataError::invalid(
@@ -163,6 +164,42 @@ mod tests {
                 err.to_string().contains(&format!("`{key}`")),
                 "{key}={value}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn engine_mode_reads_the_rule_keys() {
+        let mut pairs = REDIS.to_vec();
+        pairs.extend([
+            ("scalingMode", "engine"),
+            ("maxReplicaCount", "20"),
+            ("cooldownPeriod", "120"),
+            ("pollingInterval", "15"),
+            ("behavior", r#"{"scaleDown":{"stabilizationWindowSeconds":60}}"#),
+        ]);
+        let ScalingMode::Engine(rules) = parse_pairs(&pairs).unwrap().scaling_mode else {
+            panic!("engine mode expected");
+        };
+        assert_eq!(rules.max_replica_count, 20);
+        assert_eq!(rules.cooldown_period, 120);
+        assert_eq!(rules.polling_interval, 15);
+        assert_eq!(rules.scale_down().stabilization_window_seconds, 60);
+        assert_eq!(rules.min_replica_count, 0);
+
+        for (key, value) in [
+            ("minReplicaCount", "30"),
+            ("maxReplicaCount", "0"),
+            ("tolerance", "1.5"),
+            ("behavior", "{not json"),
+            ("behavior", r#"{"scaleUp":{"policies":[{"type":"Pods","value":0,"periodSeconds":15}]}}"#),
+            ("fallbackReplicas", "3"),
+            ("scaleDownStabilizationWindowSeconds", "7200"),
+        ] {
+            let mut bad = pairs.clone();
+            bad.push((key, value));
+            let err = parse_pairs(&bad).err().unwrap();
+            let named = if key == "fallbackReplicas" { "fallbackFailureThreshold" } else { key };
+            assert!(err.to_string().contains(&format!("`{named}`")), "{key}={value}: {err}");
         }
     }
 

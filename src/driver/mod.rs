@@ -4,6 +4,7 @@
 
 mod poller;
 mod reading;
+mod scaling;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -21,11 +22,13 @@ use tracing::info;
 use poller::Poller;
 pub use poller::Schedule;
 pub use reading::{PollError, Reading};
+pub use scaling::{Clock, Scaling};
 
 use crate::config::AuthProfiles;
+use crate::engine::{Decision, Rules};
 use crate::metadata::MetadataError;
 use crate::metrics::Metrics;
-use crate::trigger::{self, Defaults, TriggerConfig};
+use crate::trigger::{self, Defaults, ScalingMode, TriggerConfig};
 
 #[derive(Debug, Clone)]
 pub struct DriverSettings {
@@ -63,6 +66,8 @@ impl TriggerKey {
 pub struct Tracked {
     pub key: TriggerKey,
     pub config: TriggerConfig,
+    /// The engine deciding for this trigger's ScaledObject (engine mode).
+    pub scaling: Option<Arc<Scaling>>,
     id: u64,
     readings: watch::Receiver<Reading>,
     last_seen_ms: AtomicU64,
@@ -84,6 +89,18 @@ impl Tracked {
         match tokio::time::timeout(self.config.timeout, first).await {
             Ok(Ok(reading)) => reading.clone(),
             _ => self.latest(),
+        }
+    }
+
+    /// The engine's latest decision (engine mode); while there is none yet,
+    /// waits for the first up to the trigger's timeout.
+    pub async fn decision(&self) -> Option<Decision> {
+        let scaling = self.scaling.as_ref()?;
+        let mut decisions = scaling.decisions();
+        let first = decisions.wait_for(Option::is_some);
+        match tokio::time::timeout(self.config.timeout, first).await {
+            Ok(Ok(decision)) => decision.clone(),
+            _ => scaling.decision(),
         }
     }
 
@@ -132,6 +149,9 @@ struct Inner {
     /// Lock order: `triggers` before `pollers`.
     triggers: RwLock<HashMap<TriggerKey, Arc<Tracked>>>,
     pollers: Mutex<HashMap<String, Poller>>,
+    /// Engine-mode ScaledObjects by (namespace, name). Locked after `pollers`.
+    scalings: Mutex<HashMap<(String, String), Arc<Scaling>>>,
+    clock: Clock,
     cancel: CancellationToken,
     next_id: AtomicU64,
     epoch: Instant,
@@ -159,6 +179,8 @@ impl Driver {
                 metrics,
                 triggers: RwLock::new(HashMap::new()),
                 pollers: Mutex::new(HashMap::new()),
+                scalings: Mutex::new(HashMap::new()),
+                clock: Clock::new(),
                 cancel,
                 next_id: AtomicU64::new(1),
                 epoch: Instant::now(),
@@ -180,11 +202,15 @@ impl Driver {
             &self.inner.profiles,
             self.inner.settings.defaults,
         )?;
-        Ok(self.track_parsed(key, config))
+        self.track_parsed(key, config)
     }
 
     /// Like [`Driver::track`], for a trigger already parsed.
-    pub fn track_parsed(&self, key: TriggerKey, config: TriggerConfig) -> Arc<Tracked> {
+    pub fn track_parsed(
+        &self,
+        key: TriggerKey,
+        config: TriggerConfig,
+    ) -> Result<Arc<Tracked>, MetadataError> {
         let mut triggers = self
             .inner
             .triggers
@@ -193,8 +219,14 @@ impl Driver {
         if let Some(tracked) = triggers.get(&key) {
             // Another request parsed the same trigger meanwhile.
             tracked.touch();
-            return tracked.clone();
+            return Ok(tracked.clone());
         }
+        let scaling = match &config.scaling_mode {
+            ScalingMode::Passthrough => None,
+            ScalingMode::Engine(rules) => {
+                Some(self.scaling_for(&key, rules, &config.trigger.metric_name)?)
+            }
+        };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let schedule = Schedule {
             interval: config.polling_interval,
@@ -223,9 +255,14 @@ impl Driver {
             source = %query.description,
             "tracking trigger"
         );
+        if let Some(scaling) = &scaling {
+            let trigger = &config.trigger;
+            scaling.join(id, &trigger.metric_name, trigger.target, trigger.activation_target, readings.clone());
+        }
         let tracked = Arc::new(Tracked {
             key: key.clone(),
             config,
+            scaling,
             id,
             readings,
             last_seen_ms: AtomicU64::new(0),
@@ -238,7 +275,62 @@ impl Driver {
             .metrics
             .tracked_triggers
             .set(triggers.len() as i64);
-        tracked
+        Ok(tracked)
+    }
+
+    /// The engine of the trigger's ScaledObject, started on first use. Every
+    /// engine-mode trigger of one ScaledObject must carry the same rules
+    /// and report a distinct metric.
+    fn scaling_for(
+        &self,
+        key: &TriggerKey,
+        rules: &Rules,
+        metric: &str,
+    ) -> Result<Arc<Scaling>, MetadataError> {
+        let mut scalings = self.lock_scalings();
+        let object = (key.namespace.clone(), key.name.clone());
+        if let Some(scaling) = scalings.get(&object) {
+            if scaling.rules != *rules {
+                return Err(MetadataError::invalid(
+                    first_difference(&scaling.rules, rules),
+                    format!(
+                        "differs from another engine-mode trigger of ScaledObject {}/{}: \
+                         give every trigger the same rule keys",
+                        key.namespace, key.name
+                    ),
+                ));
+            }
+            if scaling.has_trigger(metric) {
+                return Err(MetadataError::invalid(
+                    "scalingMode",
+                    format!(
+                        "another engine-mode trigger of ScaledObject {}/{} already reports \
+                         metric `{metric}`: in engine mode the triggers of one ScaledObject \
+                         must measure different things",
+                        key.namespace, key.name
+                    ),
+                ));
+            }
+            return Ok(scaling.clone());
+        }
+        let scaling = Scaling::start(
+            &key.namespace,
+            &key.name,
+            rules.clone(),
+            self.inner.clock,
+            self.inner.cancel.child_token(),
+        );
+        scalings.insert(object, scaling.clone());
+        Ok(scaling)
+    }
+
+    /// Every engine-mode ScaledObject.
+    pub fn scalings(&self) -> Vec<Arc<Scaling>> {
+        self.lock_scalings().values().cloned().collect()
+    }
+
+    pub fn clock(&self) -> Clock {
+        self.inner.clock
     }
 
     /// Every tracked trigger.
@@ -293,6 +385,12 @@ impl Driver {
                 poller.stop(&self.inner.metrics);
                 self.inner.metrics.pollers.dec();
             }
+            if let Some(scaling) = &tracked.scaling
+                && scaling.leave(tracked.id)
+            {
+                scaling.stop();
+                self.lock_scalings().remove(&(key.namespace.clone(), key.name.clone()));
+            }
         }
         self.inner
             .metrics
@@ -324,6 +422,23 @@ impl Driver {
     fn lock_pollers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Poller>> {
         self.inner.pollers.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn lock_scalings(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Scaling>>> {
+        self.inner.scalings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The metadata key of the first rule that differs, for error messages.
+fn first_difference(a: &Rules, b: &Rules) -> String {
+    let (a, b) = (serde_json::to_value(a), serde_json::to_value(b));
+    if let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (a, b) {
+        for (key, value) in &a {
+            if b.get(key) != Some(value) {
+                return key.clone();
+            }
+        }
+    }
+    "scalingMode".to_string()
 }
 
 #[cfg(test)]

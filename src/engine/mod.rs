@@ -46,11 +46,33 @@ pub struct Reading {
     /// Active when the value is strictly above this.
     #[serde(default)]
     pub activation_target: f64,
-    /// The value, or why there is none.
-    pub value: Result<f64, String>,
+    /// The value, or why there is none: `"value": 3` or `"error": "…"`.
+    #[serde(flatten)]
+    pub value: Observation,
     /// When it was read. A reading fed twice (same trigger and `at`) is
     /// one reading: failures are counted once.
     pub at: Millis,
+}
+
+/// A trigger's measurement or its failure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Observation {
+    Value(f64),
+    Error(String),
+}
+
+impl Observation {
+    pub fn value(&self) -> Option<f64> {
+        match self {
+            Observation::Value(value) => Some(*value),
+            Observation::Error(_) => None,
+        }
+    }
+
+    pub fn is_error(&self) -> bool {
+        matches!(self, Observation::Error(_))
+    }
 }
 
 /// Everything the engine remembers about one ScaledObject.
@@ -132,6 +154,9 @@ pub struct Decision {
     pub next_evaluation: Millis,
     /// When the cooldown ends, while one is running.
     pub cooldown_ends: Option<Millis>,
+    /// When the recommendation holding a stabilized count leaves its
+    /// window, while one holds.
+    pub stabilization_ends: Option<Millis>,
 }
 
 /// Evaluates the rules on the latest readings at `now`, updating `state`.
@@ -140,10 +165,10 @@ pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Milli
     let next_poll = now + rules.polling_interval * 1000;
 
     let fallback_due = absorb(state, readings, rules.fallback.map(|f| f.failure_threshold));
-    let errors: Vec<&Reading> = readings.iter().filter(|r| r.value.is_err()).collect();
+    let errors: Vec<&Reading> = readings.iter().filter(|r| r.value.is_error()).collect();
     let values: Vec<(&Reading, f64)> = readings
         .iter()
-        .filter_map(|reading| reading.value.as_ref().ok().map(|value| (reading, *value)))
+        .filter_map(|reading| reading.value.value().map(|value| (reading, value)))
         .collect();
     let active_now = values
         .iter()
@@ -174,6 +199,7 @@ pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Milli
         message,
         next_evaluation: cooldown_ends.map_or(next_poll, |end| end.min(next_poll)),
         cooldown_ends: cooldown_ends.filter(|_| !active_now),
+        stabilization_ends: None,
     };
 
     let decision = if let Some(fallback) = fallback_due.then_some(rules.fallback).flatten() {
@@ -235,12 +261,33 @@ pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Milli
             }
             _ => (reason, message),
         };
-        outcome(replicas, reason, message, active)
+        Decision {
+            stabilization_ends: stabilization_ends(state, rules, reason, replicas, now),
+            ..outcome(replicas, reason, message, active)
+        }
     };
 
     state.current_replicas = decision.replicas;
     state.active = decision.active;
     decision
+}
+
+/// For a stabilized decision: when the youngest recommendation holding the
+/// count leaves its window.
+fn stabilization_ends(state: &State, rules: &Rules, reason: Reason, replicas: u32, now: Millis) -> Option<Millis> {
+    let window = match reason {
+        Reason::ScaleDownStabilized | Reason::Cooldown => rules.scale_down().stabilization_window_seconds,
+        Reason::ScaleUpStabilized => rules.scale_up().stabilization_window_seconds,
+        _ => return None,
+    };
+    let window = u64::from(window) * 1000;
+    state
+        .recommendations
+        .iter()
+        .flatten()
+        .filter(|r| r.replicas as i64 == replicas as i64 && r.at + window > now)
+        .map(|r| r.at + window)
+        .max()
 }
 
 /// Records the readings; returns whether a fallback is due.
@@ -250,12 +297,12 @@ fn absorb(state: &mut State, readings: &[Reading], threshold: Option<u32>) -> bo
         let trigger = state.triggers.entry(reading.trigger.clone()).or_default();
         let fresh = trigger.last_reading_at != Some(reading.at);
         match &reading.value {
-            Ok(value) => {
+            Observation::Value(value) => {
                 trigger.last_value = Some(*value);
                 trigger.last_error = None;
                 trigger.consecutive_failures = 0;
             }
-            Err(error) => {
+            Observation::Error(error) => {
                 trigger.last_error = Some(error.clone());
                 if fresh {
                     trigger.consecutive_failures += 1;
@@ -328,10 +375,12 @@ fn scale_from(
             limit,
             held,
         } => {
+            // Tolerance explains the outcome when the winning proposal was
+            // held at the current count while its raw count differs.
             let within_tolerance = desired == current
-                && values
-                    .iter()
-                    .any(|(reading, value)| (value / reading.target).ceil() as i32 != current);
+                && values.iter().zip(&proposals).all(|((reading, value), proposal)| {
+                    *proposal != Some(desired) || (value / reading.target).ceil() as i32 != current
+                });
             match limit {
                 Limit::DesiredWithinRange if stabilized != desired => match held {
                     Held::Down => (
@@ -357,7 +406,7 @@ fn scale_from(
                 Limit::DesiredWithinRange => (
                     replicas,
                     Reason::DesiredWithinRange,
-                    format!("{replicas} replicas"),
+                    format!("desired count {replicas}"),
                 ),
                 Limit::ScaleUpLimit => (
                     replicas,

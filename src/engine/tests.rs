@@ -16,7 +16,7 @@ fn reading(trigger: &str, value: f64, target: f64, at: Millis) -> Reading {
         trigger: trigger.into(),
         target,
         activation_target: 0.0,
-        value: Ok(value),
+        value: Observation::Value(value),
         at,
     }
 }
@@ -26,7 +26,7 @@ fn failure(trigger: &str, target: f64, at: Millis) -> Reading {
         trigger: trigger.into(),
         target,
         activation_target: 0.0,
-        value: Err("connection refused".into()),
+        value: Observation::Error("connection refused".into()),
         at,
     }
 }
@@ -83,7 +83,7 @@ fn activation_is_strictly_above_the_threshold() {
     assert!(!decision.active);
     assert_eq!(decision.replicas, 0);
     let above = Reading {
-        value: Ok(3.5),
+        value: Observation::Value(3.5),
         at: s(30),
         ..at_threshold
     };
@@ -305,6 +305,7 @@ fn scale_up_stabilization_holds_increases_in_the_legacy_path() {
     assert_eq!(first.replicas, 4);
     let burst = decide(&mut state, &rules, &[reading("q", 100.0, 5.0, s(30))], s(30));
     assert_eq!((burst.replicas, burst.reason), (4, Reason::ScaleUpStabilized));
+    assert_eq!(burst.stabilization_ends, Some(s(120)), "the 4 recommended at 0 s holds for 120 s");
     // The 4 recommended at 0 s holds until it is 120 s old; then the
     // step-up rule applies: 8, 16, 20.
     let steps = run(&mut state, &rules, |_| 100.0, 60, 180);
@@ -373,7 +374,7 @@ proptest! {
                 })
                 .collect();
             let before = state.current_replicas;
-            let faulting = readings.iter().any(|r| r.value.is_err());
+            let faulting = readings.iter().any(|r| r.value.is_error());
             let decision = decide(&mut state, &rules, &readings, now);
             let after = decision.replicas;
 

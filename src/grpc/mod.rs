@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::Stream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 use tracing::debug;
@@ -15,6 +15,7 @@ use tracing::debug;
 pub use status::RpcError;
 
 use crate::driver::{Driver, Reading, Tracked, TriggerKey};
+use crate::engine::Decision;
 use crate::metrics::Metrics;
 use crate::proto::external_scaler_server::ExternalScaler;
 use crate::proto::{
@@ -35,6 +36,26 @@ impl ScalerService {
     fn track(&self, object: ScaledObjectRef) -> Result<Arc<Tracked>, RpcError> {
         let key = TriggerKey::new(object.namespace, object.name, object.scaler_metadata);
         Ok(self.driver.track(key)?)
+    }
+
+    /// What hoist reports for the trigger: the raw value in passthrough
+    /// mode; in engine mode `replicas × target`, so that the HPA's
+    /// `ceil(value / target)` lands on the engine's count.
+    async fn reported(&self, tracked: &Tracked) -> Result<(f64, bool), RpcError> {
+        if tracked.scaling.is_some() {
+            let decision = self.decision(tracked).await?;
+            let value = decision.replicas as f64 * tracked.config.trigger.target;
+            return Ok((value, decision.active));
+        }
+        let value = self.value(tracked).await?;
+        Ok((value, tracked.is_active(value)))
+    }
+
+    async fn decision(&self, tracked: &Tracked) -> Result<crate::engine::Decision, RpcError> {
+        tracked.decision().await.ok_or_else(|| RpcError::NoDecisionYet {
+            scaled_object: format!("{}/{}", tracked.key.namespace, tracked.key.name),
+            timeout: tracked.config.timeout,
+        })
     }
 
     /// The current value, or why there is none.
@@ -81,10 +102,8 @@ impl ExternalScaler for ScalerService {
         let started = Instant::now();
         let result = async {
             let tracked = self.track(request.into_inner())?;
-            let value = self.value(&tracked).await?;
-            Ok(IsActiveResponse {
-                result: tracked.is_active(value),
-            })
+            let (_, active) = self.reported(&tracked).await?;
+            Ok(IsActiveResponse { result: active })
         }
         .await;
         self.finish("IsActive", started, result)
@@ -138,7 +157,7 @@ impl ExternalScaler for ScalerService {
                     served: served.clone(),
                 });
             }
-            let value = self.value(&tracked).await?;
+            let (value, _) = self.reported(&tracked).await?;
             Ok(GetMetricsResponse {
                 metric_values: vec![MetricValue {
                     metric_name: served.clone(),
@@ -158,9 +177,41 @@ fn round_up(value: f64) -> i64 {
     value.ceil() as i64
 }
 
+/// Where a stream's activity comes from: the trigger's own readings
+/// (passthrough) or its ScaledObject's engine decisions (engine mode).
+enum Activity {
+    Readings(watch::Receiver<Reading>),
+    Decisions(watch::Receiver<Option<Decision>>),
+}
+
+impl Activity {
+    fn of(tracked: &Tracked) -> Self {
+        match &tracked.scaling {
+            Some(scaling) => Activity::Decisions(scaling.decisions()),
+            None => Activity::Readings(tracked.watch()),
+        }
+    }
+
+    /// Whether it is active now; `None` while unknown (no reading yet, or
+    /// the source failing: a failure is no evidence of inactivity).
+    fn current(&mut self, tracked: &Tracked) -> Option<bool> {
+        match self {
+            Activity::Readings(readings) => readings.borrow_and_update().value().map(|v| tracked.is_active(v)),
+            Activity::Decisions(decisions) => decisions.borrow_and_update().as_ref().map(|d| d.active),
+        }
+    }
+
+    async fn changed(&mut self) -> bool {
+        match self {
+            Activity::Readings(readings) => readings.changed().await.is_ok(),
+            Activity::Decisions(decisions) => decisions.changed().await.is_ok(),
+        }
+    }
+}
+
 /// Sends `true` on every inactive → active edge (and at once if already
 /// active), never a repeated `true`: KEDA treats each one as fresh
-/// activity and would postpone scale-to-zero forever. A failing source
+/// activity and would postpone scale-to-zero forever. An unknown state
 /// changes nothing. Ends cleanly (status OK) when hoist shuts down.
 async fn push_activation_edges(
     tracked: Arc<Tracked>,
@@ -168,26 +219,18 @@ async fn push_activation_edges(
     sender: mpsc::Sender<Result<IsActiveResponse, Status>>,
 ) {
     let _guard = tracked.stream_guard();
-    let mut readings = tracked.watch();
+    let mut activity = Activity::of(&tracked);
     let mut active = false;
     loop {
-        let reading = readings.borrow_and_update().clone();
-        if let Reading::Value { value, .. } = reading {
-            let now_active = tracked.is_active(value);
-            if now_active
-                && !active
-                && sender
-                    .send(Ok(IsActiveResponse { result: true }))
-                    .await
-                    .is_err()
-            {
+        if let Some(now_active) = activity.current(&tracked) {
+            if now_active && !active && sender.send(Ok(IsActiveResponse { result: true })).await.is_err() {
                 return;
             }
             active = now_active;
         }
         tracked.touch();
         tokio::select! {
-            changed = readings.changed() => if changed.is_err() { return },
+            changed = activity.changed() => if !changed { return },
             _ = driver.shutting_down() => return,
             _ = sender.closed() => return,
         }

@@ -27,6 +27,13 @@ pub enum RpcError {
         source_description: String,
         timeout: Duration,
     },
+    #[error(
+        "ScaledObject {scaled_object}: the engine has no decision yet: no trigger produced a reading within {timeout:?}"
+    )]
+    NoDecisionYet {
+        scaled_object: String,
+        timeout: Duration,
+    },
     #[error("metric `{asked}` is not served by this trigger; it serves `{served}`")]
     UnknownMetric { asked: String, served: String },
     #[error("hoist is shutting down")]
@@ -65,7 +72,9 @@ impl RpcError {
         match self {
             RpcError::Metadata(MetadataError::AuthProfile { .. }) => Code::FailedPrecondition,
             RpcError::Metadata(_) => Code::InvalidArgument,
-            RpcError::SourceFailing { .. } | RpcError::NoReadingYet { .. } => Code::Unavailable,
+            RpcError::SourceFailing { .. }
+            | RpcError::NoReadingYet { .. }
+            | RpcError::NoDecisionYet { .. } => Code::Unavailable,
             RpcError::UnknownMetric { .. } => Code::NotFound,
             RpcError::ShuttingDown => Code::Unavailable,
         }
