@@ -12,6 +12,7 @@ pub fn init(settings: &LogSettings) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match settings.format {
         LogFormat::Text => builder.try_init(),

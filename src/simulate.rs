@@ -81,7 +81,11 @@ pub fn load_scenario(path: &Path) -> Result<Scenario, SimulateError> {
             reason: "no [[triggers]]: name at least one trace column and its target".into(),
         });
     }
-    if let Some(bad) = scenario.triggers.iter().find(|t| t.target <= 0.0 || !t.target.is_finite()) {
+    if let Some(bad) = scenario
+        .triggers
+        .iter()
+        .find(|t| t.target <= 0.0 || !t.target.is_finite())
+    {
         return Err(SimulateError::Scenario {
             path: shown,
             reason: format!("trigger `{}`: target must be above 0", bad.name),
@@ -106,7 +110,10 @@ pub fn parse_trace(csv_text: &str, scenario: &Scenario) -> Result<Vec<Sample>, S
         .from_reader(csv_text.as_bytes());
     let header = reader
         .headers()
-        .map_err(|e| SimulateError::Trace { line: 1, reason: e.to_string() })?
+        .map_err(|e| SimulateError::Trace {
+            line: 1,
+            reason: e.to_string(),
+        })?
         .clone();
     if header.get(0) != Some("time") {
         return Err(SimulateError::Trace {
@@ -118,23 +125,32 @@ pub fn parse_trace(csv_text: &str, scenario: &Scenario) -> Result<Vec<Sample>, S
         .triggers
         .iter()
         .map(|trigger| {
-            header.iter().position(|name| name == trigger.name).ok_or_else(|| SimulateError::Trace {
-                line: 1,
-                reason: format!("no column for trigger `{}`", trigger.name),
-            })
+            header
+                .iter()
+                .position(|name| name == trigger.name)
+                .ok_or_else(|| SimulateError::Trace {
+                    line: 1,
+                    reason: format!("no column for trigger `{}`", trigger.name),
+                })
         })
         .collect::<Result<_, _>>()?;
     let mut samples: Vec<Sample> = Vec::new();
     for (index, record) in reader.records().enumerate() {
         let line = index + 2;
-        let record = record.map_err(|e| SimulateError::Trace { line, reason: e.to_string() })?;
+        let record = record.map_err(|e| SimulateError::Trace {
+            line,
+            reason: e.to_string(),
+        })?;
         let seconds: f64 = record
             .get(0)
             .and_then(|t| t.parse().ok())
             .filter(|t: &f64| t.is_finite() && *t >= 0.0)
             .ok_or_else(|| SimulateError::Trace {
                 line,
-                reason: format!("`{}` is not a time in seconds", record.get(0).unwrap_or_default()),
+                reason: format!(
+                    "`{}` is not a time in seconds",
+                    record.get(0).unwrap_or_default()
+                ),
             })?;
         if samples.last().is_some_and(|last| last.seconds > seconds) {
             return Err(SimulateError::Trace {
@@ -145,18 +161,20 @@ pub fn parse_trace(csv_text: &str, scenario: &Scenario) -> Result<Vec<Sample>, S
         let readings = columns
             .iter()
             .zip(&scenario.triggers)
-            .map(|(&column, trigger)| match record.get(column).unwrap_or_default() {
-                "" | "error" => Ok(Observation::Error("failed reading in the trace".into())),
-                cell => cell
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|v| v.is_finite())
-                    .map(Observation::Value)
-                    .ok_or_else(|| SimulateError::Trace {
-                        line,
-                        reason: format!("`{cell}` is not a number for `{}`", trigger.name),
-                    }),
-            })
+            .map(
+                |(&column, trigger)| match record.get(column).unwrap_or_default() {
+                    "" | "error" => Ok(Observation::Error("failed reading in the trace".into())),
+                    cell => cell
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|v| v.is_finite())
+                        .map(Observation::Value)
+                        .ok_or_else(|| SimulateError::Trace {
+                            line,
+                            reason: format!("`{cell}` is not a number for `{}`", trigger.name),
+                        }),
+                },
+            )
             .collect::<Result<_, _>>()?;
         samples.push(Sample { seconds, readings });
     }
@@ -198,7 +216,11 @@ pub fn timeline(scenario: &Scenario, steps: &[Step]) -> String {
     for trigger in &scenario.triggers {
         let _ = write!(out, "  {:>10}", trigger.name);
     }
-    let _ = writeln!(out, "  {:<6}  {:>8}  {:<19}  message", "active", "replicas", "reason");
+    let _ = writeln!(
+        out,
+        "  {:<6}  {:>8}  {:<19}  message",
+        "active", "replicas", "reason"
+    );
     for step in steps {
         let _ = write!(out, "{:>8}", step.sample.seconds);
         for reading in &step.sample.readings {
@@ -224,7 +246,9 @@ pub fn timeline(scenario: &Scenario, steps: &[Step]) -> String {
     out
 }
 
-const COLOURS: [&str; 6] = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const COLOURS: [&str; 6] = [
+    "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
 
 /// Readings (thin lines, left axis) and replicas (thick steps, right axis)
 /// over time. Hand-written SVG: the chart is a few paths and labels, and
@@ -302,7 +326,11 @@ pub fn svg(scenario: &Scenario, steps: &[Step]) -> String {
         let colour = COLOURS[index % COLOURS.len()];
         let points: Vec<String> = steps
             .iter()
-            .filter_map(|s| s.sample.readings[index].value().map(|v| format!("{:.1},{:.1}", x(s.sample.seconds), yv(v))))
+            .filter_map(|s| {
+                s.sample.readings[index]
+                    .value()
+                    .map(|v| format!("{:.1},{:.1}", x(s.sample.seconds), yv(v)))
+            })
             .collect();
         let _ = writeln!(
             out,
@@ -343,7 +371,10 @@ pub fn svg(scenario: &Scenario, steps: &[Step]) -> String {
     // Replicas as steps.
     let mut path = String::new();
     for (index, step) in steps.iter().enumerate() {
-        let (px, py) = (x(step.sample.seconds), yr(f64::from(step.decision.replicas)));
+        let (px, py) = (
+            x(step.sample.seconds),
+            yr(f64::from(step.decision.replicas)),
+        );
         if index == 0 {
             let _ = write!(path, "M{px:.1},{py:.1}");
         } else {
@@ -386,5 +417,7 @@ fn clock(seconds: f64) -> String {
 }
 
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }

@@ -94,9 +94,16 @@ pub fn snapshot(driver: &Driver) -> Status {
     let scaled_objects = objects
         .into_iter()
         .map(|((namespace, name), mut members)| {
-            members.sort_by(|a, b| a.config.trigger.metric_name.cmp(&b.config.trigger.metric_name));
-            let triggers: Vec<TriggerStatus> = members.iter().map(|t| trigger_status(t, now)).collect();
-            let seconds_until = |at: Option<u64>| at.map(|at| at.saturating_sub(wall_now) as f64 / 1000.0);
+            members.sort_by(|a, b| {
+                a.config
+                    .trigger
+                    .metric_name
+                    .cmp(&b.config.trigger.metric_name)
+            });
+            let triggers: Vec<TriggerStatus> =
+                members.iter().map(|t| trigger_status(t, now)).collect();
+            let seconds_until =
+                |at: Option<u64>| at.map(|at| at.saturating_sub(wall_now) as f64 / 1000.0);
             match members.iter().find_map(|t| t.scaling.clone()) {
                 Some(scaling) => {
                     let decision = scaling.decision();
@@ -111,8 +118,12 @@ pub fn snapshot(driver: &Driver) -> Status {
                         reason: decision
                             .as_ref()
                             .map_or("NoDecisionYet".into(), |d| format!("{:?}", d.reason)),
-                        message: decision.as_ref().map_or_else(String::new, |d| d.message.clone()),
-                        cooldown_left_seconds: seconds_until(decision.as_ref().and_then(|d| d.cooldown_ends)),
+                        message: decision
+                            .as_ref()
+                            .map_or_else(String::new, |d| d.message.clone()),
+                        cooldown_left_seconds: seconds_until(
+                            decision.as_ref().and_then(|d| d.cooldown_ends),
+                        ),
                         stabilization_left_seconds: seconds_until(
                             decision.as_ref().and_then(|d| d.stabilization_ends),
                         ),
@@ -124,7 +135,9 @@ pub fn snapshot(driver: &Driver) -> Status {
                         .iter()
                         .zip(&triggers)
                         .filter_map(|(tracked, status)| {
-                            status.value.map(|v| (v / tracked.config.trigger.target).ceil().max(0.0) as u32)
+                            status
+                                .value
+                                .map(|v| (v / tracked.config.trigger.target).ceil().max(0.0) as u32)
                         })
                         .max();
                     let failing = triggers.iter().any(|t| t.error.is_some());
@@ -132,12 +145,21 @@ pub fn snapshot(driver: &Driver) -> Status {
                         namespace,
                         name,
                         mode: "passthrough".into(),
-                        active: triggers.iter().filter_map(|t| t.active).reduce(|a, b| a || b),
+                        active: triggers
+                            .iter()
+                            .filter_map(|t| t.active)
+                            .reduce(|a, b| a || b),
                         current_replicas: None,
                         desired_replicas: desired,
-                        reason: if failing { "TriggerError" } else { "Passthrough" }.into(),
+                        reason: if failing {
+                            "TriggerError"
+                        } else {
+                            "Passthrough"
+                        }
+                        .into(),
                         message: if failing {
-                            "a source is failing: KEDA gets an error and keeps the current count".into()
+                            "a source is failing: KEDA gets an error and keeps the current count"
+                                .into()
                         } else {
                             "raw values reported; KEDA and the HPA decide".into()
                         },
@@ -166,7 +188,10 @@ pub fn table(status: &Status) -> String {
     ]];
     let or_dash = |value: Option<String>| value.unwrap_or_else(|| "-".into());
     for object in &status.scaled_objects {
-        let wait = match (object.cooldown_left_seconds, object.stabilization_left_seconds) {
+        let wait = match (
+            object.cooldown_left_seconds,
+            object.stabilization_left_seconds,
+        ) {
             (Some(cooldown), _) => Some(format!("cooldown {cooldown:.0}s")),
             (None, Some(window)) => Some(format!("window {window:.0}s")),
             _ => None,
@@ -180,7 +205,9 @@ pub fn table(status: &Status) -> String {
                     t.metric,
                     t.reading_age_seconds.unwrap_or_default()
                 ),
-                (None, Some(error)) => format!("{}=ERROR x{}: {error}", t.metric, t.consecutive_failures),
+                (None, Some(error)) => {
+                    format!("{}=ERROR x{}: {error}", t.metric, t.consecutive_failures)
+                }
                 _ => format!("{}=pending", t.metric),
             })
             .collect::<Vec<_>>()
@@ -188,7 +215,11 @@ pub fn table(status: &Status) -> String {
         rows.push([
             format!("{}/{}", object.namespace, object.name),
             object.mode.clone(),
-            or_dash(object.active.map(|a| if a { "yes" } else { "no" }.to_string())),
+            or_dash(
+                object
+                    .active
+                    .map(|a| if a { "yes" } else { "no" }.to_string()),
+            ),
             or_dash(object.current_replicas.map(|n| n.to_string())),
             or_dash(object.desired_replicas.map(|n| n.to_string())),
             object.reason.clone(),
@@ -197,7 +228,12 @@ pub fn table(status: &Status) -> String {
         ]);
     }
     let widths: Vec<usize> = (0..8)
-        .map(|column| rows.iter().map(|row| row[column].chars().count()).max().unwrap_or(0))
+        .map(|column| {
+            rows.iter()
+                .map(|row| row[column].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for row in rows {
@@ -216,4 +252,65 @@ pub fn table(status: &Status) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trigger(metric: &str, value: Option<f64>, error: Option<&str>) -> TriggerStatus {
+        TriggerStatus {
+            scaler: "redis".into(),
+            metric: metric.into(),
+            source: format!("redis list `{metric}` on r:6379 db 0"),
+            target: 5.0,
+            activation_target: 0.0,
+            value,
+            reading_age_seconds: Some(3.2),
+            error: error.map(String::from),
+            consecutive_failures: u32::from(error.is_some()) * 4,
+            active: value.map(|v| v > 0.0),
+        }
+    }
+
+    #[test]
+    fn the_table_lines_up_and_says_what_waits() {
+        let status = Status {
+            scaled_objects: vec![
+                ObjectStatus {
+                    namespace: "default".into(),
+                    name: "worker".into(),
+                    mode: "engine".into(),
+                    active: Some(true),
+                    current_replicas: Some(10),
+                    desired_replicas: Some(10),
+                    reason: "Cooldown".into(),
+                    message: String::new(),
+                    cooldown_left_seconds: Some(212.4),
+                    stabilization_left_seconds: None,
+                    triggers: vec![trigger("redis-jobs", Some(0.0), None)],
+                },
+                ObjectStatus {
+                    namespace: "orders".into(),
+                    name: "mailer".into(),
+                    mode: "passthrough".into(),
+                    active: None,
+                    current_replicas: None,
+                    desired_replicas: None,
+                    reason: "TriggerError".into(),
+                    message: String::new(),
+                    cooldown_left_seconds: None,
+                    stabilization_left_seconds: None,
+                    triggers: vec![trigger("redis-mail", None, Some("cannot connect: refused"))],
+                },
+            ],
+        };
+        let table = table(&status);
+        let expected = "\
+SCALEDOBJECT    MODE         ACTIVE  CURRENT  DESIRED  REASON        WAIT           TRIGGERS
+default/worker  engine       yes     10       10       Cooldown      cooldown 212s  redis-jobs=0 (3s ago)
+orders/mailer   passthrough  -       -        -        TriggerError  -              redis-mail=ERROR x4: cannot connect: refused
+";
+        assert_eq!(table, expected, "\n{table}");
+    }
 }

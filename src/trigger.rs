@@ -175,7 +175,10 @@ mod tests {
             ("maxReplicaCount", "20"),
             ("cooldownPeriod", "120"),
             ("pollingInterval", "15"),
-            ("behavior", r#"{"scaleDown":{"stabilizationWindowSeconds":60}}"#),
+            (
+                "behavior",
+                r#"{"scaleDown":{"stabilizationWindowSeconds":60}}"#,
+            ),
         ]);
         let ScalingMode::Engine(rules) = parse_pairs(&pairs).unwrap().scaling_mode else {
             panic!("engine mode expected");
@@ -191,15 +194,25 @@ mod tests {
             ("maxReplicaCount", "0"),
             ("tolerance", "1.5"),
             ("behavior", "{not json"),
-            ("behavior", r#"{"scaleUp":{"policies":[{"type":"Pods","value":0,"periodSeconds":15}]}}"#),
+            (
+                "behavior",
+                r#"{"scaleUp":{"policies":[{"type":"Pods","value":0,"periodSeconds":15}]}}"#,
+            ),
             ("fallbackReplicas", "3"),
             ("scaleDownStabilizationWindowSeconds", "7200"),
         ] {
             let mut bad = pairs.clone();
             bad.push((key, value));
             let err = parse_pairs(&bad).err().unwrap();
-            let named = if key == "fallbackReplicas" { "fallbackFailureThreshold" } else { key };
-            assert!(err.to_string().contains(&format!("`{named}`")), "{key}={value}: {err}");
+            let named = if key == "fallbackReplicas" {
+                "fallbackFailureThreshold"
+            } else {
+                key
+            };
+            assert!(
+                err.to_string().contains(&format!("`{named}`")),
+                "{key}={value}: {err}"
+            );
         }
     }
 

@@ -17,7 +17,12 @@ fn hoist(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .unwrap();
-            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
             child.wait_with_output().unwrap()
         }
     };
@@ -68,7 +73,10 @@ fn simulate_replays_acas_worked_example() {
     let drawing = std::fs::read_to_string(&svg).unwrap();
     assert!(drawing.starts_with("<svg"), "{drawing}");
     assert!(drawing.contains("queue (target 5)"));
-    assert!(drawing.contains("<path d=\"M"), "the replica steps are drawn");
+    assert!(
+        drawing.contains("<path d=\"M"),
+        "the replica steps are drawn"
+    );
 }
 
 #[test]
@@ -76,17 +84,30 @@ fn simulate_rejects_bad_input_with_the_line_and_reason() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.toml");
     let trace = dir.path().join("trace.csv");
-    std::fs::write(&rules, "[rules]\nmaxReplicaCount = 5\n[[triggers]]\nname = \"q\"\ntarget = 5\n").unwrap();
+    std::fs::write(
+        &rules,
+        "[rules]\nmaxReplicaCount = 5\n[[triggers]]\nname = \"q\"\ntarget = 5\n",
+    )
+    .unwrap();
     let run = |trace_text: &str| {
         std::fs::write(&trace, trace_text).unwrap();
         hoist(
-            &["simulate", "--rules", rules.to_str().unwrap(), "--trace", trace.to_str().unwrap()],
+            &[
+                "simulate",
+                "--rules",
+                rules.to_str().unwrap(),
+                "--trace",
+                trace.to_str().unwrap(),
+            ],
             None,
         )
     };
     let (ok, _, stderr) = run("time,q\n0,1\n30,lots\n");
     assert!(!ok);
-    assert!(stderr.contains("line 3") && stderr.contains("lots"), "{stderr}");
+    assert!(
+        stderr.contains("line 3") && stderr.contains("lots"),
+        "{stderr}"
+    );
     let (ok, _, stderr) = run("time,other\n0,1\n");
     assert!(!ok);
     assert!(stderr.contains("no column for trigger `q`"), "{stderr}");
@@ -98,7 +119,11 @@ fn simulate_rejects_bad_input_with_the_line_and_reason() {
     let (ok, _, stderr) = run("time,q\n0,1\n");
     assert!(!ok);
     assert!(stderr.contains("`minReplicaCount`"), "{stderr}");
-    assert_eq!(stderr.matches("`minReplicaCount`").count(), 1, "said once: {stderr}");
+    assert_eq!(
+        stderr.matches("`minReplicaCount`").count(),
+        1,
+        "said once: {stderr}"
+    );
 }
 
 #[test]
@@ -106,7 +131,10 @@ fn decide_evaluates_a_saved_state_and_its_output_replays() {
     let t0: u64 = 1_700_000_000_000;
     let reading = |value: Value, at: u64| {
         let mut reading = json!({"trigger": "queue", "target": 5, "at": at});
-        reading.as_object_mut().unwrap().extend(value.as_object().unwrap().clone());
+        reading
+            .as_object_mut()
+            .unwrap()
+            .extend(value.as_object().unwrap().clone());
         reading
     };
     let first = json!({
@@ -152,8 +180,15 @@ fn decide_evaluates_a_saved_state_and_its_output_replays() {
     assert_eq!(out["decision"]["reason"], "TriggerError");
     assert_eq!(out["state"]["triggers"]["queue"]["consecutiveFailures"], 1);
 
-    let (ok, _, stderr) = hoist(&["decide", "--input", "-"], Some(r#"{"readings": [], "now": "soon"}"#));
+    let (ok, _, stderr) = hoist(
+        &["decide", "--input", "-"],
+        Some(r#"{"readings": [], "now": "soon"}"#),
+    );
     assert!(!ok);
     assert!(stderr.contains("at `now`"), "{stderr}");
-    assert_eq!(stderr.matches("expected u64").count(), 1, "said once: {stderr}");
+    assert_eq!(
+        stderr.matches("expected u64").count(),
+        1,
+        "said once: {stderr}"
+    );
 }

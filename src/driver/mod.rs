@@ -257,7 +257,13 @@ impl Driver {
         );
         if let Some(scaling) = &scaling {
             let trigger = &config.trigger;
-            scaling.join(id, &trigger.metric_name, trigger.target, trigger.activation_target, readings.clone());
+            scaling.join(
+                id,
+                &trigger.metric_name,
+                trigger.target,
+                trigger.activation_target,
+                readings.clone(),
+            );
         }
         let tracked = Arc::new(Tracked {
             key: key.clone(),
@@ -389,7 +395,8 @@ impl Driver {
                 && scaling.leave(tracked.id)
             {
                 scaling.stop();
-                self.lock_scalings().remove(&(key.namespace.clone(), key.name.clone()));
+                self.lock_scalings()
+                    .remove(&(key.namespace.clone(), key.name.clone()));
             }
         }
         self.inner
@@ -424,7 +431,10 @@ impl Driver {
     }
 
     fn lock_scalings(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Scaling>>> {
-        self.inner.scalings.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner
+            .scalings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -71,7 +71,13 @@ pub struct Scaling {
 }
 
 impl Scaling {
-    pub fn start(namespace: &str, name: &str, rules: Rules, clock: Clock, cancel: CancellationToken) -> Arc<Self> {
+    pub fn start(
+        namespace: &str,
+        name: &str,
+        rules: Rules,
+        clock: Clock,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
         let scaling = Arc::new(Self {
             namespace: namespace.to_string(),
             name: name.to_string(),
@@ -91,7 +97,14 @@ impl Scaling {
         self.lock_members().iter().any(|m| m.trigger == metric)
     }
 
-    pub fn join(&self, id: u64, trigger: &str, target: f64, activation_target: f64, readings: watch::Receiver<Reading>) {
+    pub fn join(
+        &self,
+        id: u64,
+        trigger: &str,
+        target: f64,
+        activation_target: f64,
+        readings: watch::Receiver<Reading>,
+    ) {
         let wake = self.wake.clone();
         let mut changes = readings.clone();
         let forwarder = tokio::spawn(async move {
@@ -194,7 +207,9 @@ impl Scaling {
                 let (value, at) = match &*member.readings.borrow() {
                     Reading::Pending => return None,
                     Reading::Value { value, at } => (Observation::Value(*value), *at),
-                    Reading::Failed { error, at, .. } => (Observation::Error(error.to_string()), *at),
+                    Reading::Failed { error, at, .. } => {
+                        (Observation::Error(error.to_string()), *at)
+                    }
                 };
                 Some(engine::Reading {
                     trigger: member.trigger.clone(),
@@ -213,7 +228,10 @@ impl Scaling {
             engine::decide(&mut state, &self.rules, &readings, clock.now())
         };
         let previous = self.decision();
-        if previous.as_ref().is_none_or(|p| p.replicas != decision.replicas || p.active != decision.active) {
+        if previous
+            .as_ref()
+            .is_none_or(|p| p.replicas != decision.replicas || p.active != decision.active)
+        {
             info!(
                 namespace = %self.namespace,
                 scaled_object = %self.name,

@@ -90,7 +90,9 @@ async fn advance(by: Duration) {
 async fn first_reading_is_taken_at_once_and_then_every_interval() {
     let driver = driver(Duration::from_secs(600));
     let source = Arc::new(Counter::default());
-    let tracked = driver.track_parsed(key("a"), config(&source, "q", 30)).unwrap();
+    let tracked = driver
+        .track_parsed(key("a"), config(&source, "q", 30))
+        .unwrap();
     assert_eq!(tracked.current().await.value(), Some(1.0));
     advance(Duration::from_secs(29)).await;
     assert_eq!(source.calls.load(Ordering::SeqCst), 1);
@@ -103,9 +105,13 @@ async fn first_reading_is_taken_at_once_and_then_every_interval() {
 async fn triggers_asking_the_same_question_share_one_poller_at_the_shortest_interval() {
     let driver = driver(Duration::from_secs(600));
     let source = Arc::new(Counter::default());
-    let slow = driver.track_parsed(key("slow"), config(&source, "q", 60)).unwrap();
+    let slow = driver
+        .track_parsed(key("slow"), config(&source, "q", 60))
+        .unwrap();
     slow.current().await;
-    let fast = driver.track_parsed(key("fast"), config(&source, "q", 10)).unwrap();
+    let fast = driver
+        .track_parsed(key("fast"), config(&source, "q", 10))
+        .unwrap();
     assert_eq!(driver.poller_count(), 1);
     assert_eq!(
         fast.current().await.value(),
@@ -119,7 +125,9 @@ async fn triggers_asking_the_same_question_share_one_poller_at_the_shortest_inte
     assert_eq!(slow.latest(), fast.latest());
 
     let other = Arc::new(Counter::default());
-    driver.track_parsed(key("other"), config(&other, "r", 10)).unwrap();
+    driver
+        .track_parsed(key("other"), config(&other, "r", 10))
+        .unwrap();
     assert_eq!(driver.poller_count(), 2);
 }
 
@@ -127,7 +135,9 @@ async fn triggers_asking_the_same_question_share_one_poller_at_the_shortest_inte
 async fn failures_back_off_from_one_second_up_to_the_interval_and_keep_the_last_value() {
     let driver = driver(Duration::from_secs(600));
     let source = Arc::new(Counter::default());
-    let tracked = driver.track_parsed(key("a"), config(&source, "q", 10)).unwrap();
+    let tracked = driver
+        .track_parsed(key("a"), config(&source, "q", 10))
+        .unwrap();
     assert_eq!(tracked.current().await.value(), Some(1.0));
     source.failing.store(1, Ordering::SeqCst);
     advance(Duration::from_millis(10_100)).await; // poll 2 fails at t=10
@@ -174,7 +184,9 @@ async fn a_hanging_source_times_out_and_the_first_read_waits_no_longer_than_the_
     let driver = driver(Duration::from_secs(600));
     let source = Arc::new(Counter::default());
     source.hang.store(1, Ordering::SeqCst);
-    let tracked = driver.track_parsed(key("a"), config(&source, "q", 30)).unwrap();
+    let tracked = driver
+        .track_parsed(key("a"), config(&source, "q", 30))
+        .unwrap();
     let started = tokio::time::Instant::now();
     let reading = tracked.current().await;
     assert!(started.elapsed() <= Duration::from_secs(3));
@@ -199,10 +211,16 @@ async fn a_hanging_source_times_out_and_the_first_read_waits_no_longer_than_the_
 async fn idle_triggers_are_dropped_with_their_poller_but_not_while_streamed_or_asked() {
     let driver = driver(Duration::from_secs(600));
     let source = Arc::new(Counter::default());
-    let asked = driver.track_parsed(key("asked"), config(&source, "q", 30)).unwrap();
-    let streamed = driver.track_parsed(key("streamed"), config(&source, "q", 30)).unwrap();
+    let asked = driver
+        .track_parsed(key("asked"), config(&source, "q", 30))
+        .unwrap();
+    let streamed = driver
+        .track_parsed(key("streamed"), config(&source, "q", 30))
+        .unwrap();
     let ignored_source = Arc::new(Counter::default());
-    driver.track_parsed(key("ignored"), config(&ignored_source, "r", 30)).unwrap();
+    driver
+        .track_parsed(key("ignored"), config(&ignored_source, "r", 30))
+        .unwrap();
     let guard = streamed.stream_guard();
     for _ in 0..12 {
         advance(Duration::from_secs(60)).await;
@@ -277,7 +295,10 @@ async fn engine_mode_decides_per_scaled_object_on_every_poll() {
     let queue = Arc::new(Gauge::default());
     queue.set(50.0);
     let tracked = driver
-        .track_parsed(key("worker"), engine_config(queue.clone(), "queue", rules.clone()))
+        .track_parsed(
+            key("worker"),
+            engine_config(queue.clone(), "queue", rules.clone()),
+        )
         .unwrap();
     let mut replicas = Vec::new();
     for _ in 0..4 {
@@ -293,13 +314,27 @@ async fn engine_mode_decides_per_scaled_object_on_every_poll() {
     other.set(90.0);
     let other_source = other.clone();
     let second = driver
-        .track_parsed(key("worker").with_metadata("other"), engine_config(other, "other", rules.clone()))
+        .track_parsed(
+            key("worker").with_metadata("other"),
+            engine_config(other, "other", rules.clone()),
+        )
         .unwrap();
-    assert!(Arc::ptr_eq(second.scaling.as_ref().unwrap(), tracked.scaling.as_ref().unwrap()));
+    assert!(Arc::ptr_eq(
+        second.scaling.as_ref().unwrap(),
+        tracked.scaling.as_ref().unwrap()
+    ));
     advance(Duration::from_millis(10)).await;
-    assert_eq!(second.decision().await.unwrap().replicas, 10, "one evaluation per interval");
+    assert_eq!(
+        second.decision().await.unwrap().replicas,
+        10,
+        "one evaluation per interval"
+    );
     advance(Duration::from_secs(30)).await;
-    assert_eq!(second.decision().await.unwrap().replicas, 18, "the larger trigger wins");
+    assert_eq!(
+        second.decision().await.unwrap().replicas,
+        18,
+        "the larger trigger wins"
+    );
 
     // Different rules on the same ScaledObject are refused, naming the key.
     let stricter = crate::engine::Rules {
@@ -307,7 +342,10 @@ async fn engine_mode_decides_per_scaled_object_on_every_poll() {
         ..rules.clone()
     };
     let err = driver
-        .track_parsed(key("worker").with_metadata("third"), engine_config(Arc::new(Gauge::default()), "third", stricter))
+        .track_parsed(
+            key("worker").with_metadata("third"),
+            engine_config(Arc::new(Gauge::default()), "third", stricter),
+        )
         .err()
         .unwrap();
     assert!(err.to_string().contains("`maxReplicaCount`"), "{err}");

@@ -274,9 +274,17 @@ pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Milli
 
 /// For a stabilized decision: when the youngest recommendation holding the
 /// count leaves its window.
-fn stabilization_ends(state: &State, rules: &Rules, reason: Reason, replicas: u32, now: Millis) -> Option<Millis> {
+fn stabilization_ends(
+    state: &State,
+    rules: &Rules,
+    reason: Reason,
+    replicas: u32,
+    now: Millis,
+) -> Option<Millis> {
     let window = match reason {
-        Reason::ScaleDownStabilized | Reason::Cooldown => rules.scale_down().stabilization_window_seconds,
+        Reason::ScaleDownStabilized | Reason::Cooldown => {
+            rules.scale_down().stabilization_window_seconds
+        }
         Reason::ScaleUpStabilized => rules.scale_up().stabilization_window_seconds,
         _ => return None,
     };
@@ -378,9 +386,13 @@ fn scale_from(
             // Tolerance explains the outcome when the winning proposal was
             // held at the current count while its raw count differs.
             let within_tolerance = desired == current
-                && values.iter().zip(&proposals).all(|((reading, value), proposal)| {
-                    *proposal != Some(desired) || (value / reading.target).ceil() as i32 != current
-                });
+                && values
+                    .iter()
+                    .zip(&proposals)
+                    .all(|((reading, value), proposal)| {
+                        *proposal != Some(desired)
+                            || (value / reading.target).ceil() as i32 != current
+                    });
             match limit {
                 Limit::DesiredWithinRange if stabilized != desired => match held {
                     Held::Down => (

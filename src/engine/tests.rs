@@ -33,11 +33,22 @@ fn failure(trigger: &str, target: f64, at: Millis) -> Reading {
 
 /// Feeds one trigger's value every 30 s from `from` to `to` (inclusive);
 /// returns the replica counts decided.
-fn run(state: &mut State, rules: &Rules, values: impl Fn(u64) -> f64, from: u64, to: u64) -> Vec<(u64, u32, Reason)> {
+fn run(
+    state: &mut State,
+    rules: &Rules,
+    values: impl Fn(u64) -> f64,
+    from: u64,
+    to: u64,
+) -> Vec<(u64, u32, Reason)> {
     (from..=to)
         .step_by(30)
         .map(|t| {
-            let decision = decide(state, rules, &[reading("queue", values(t), 5.0, s(t))], s(t));
+            let decision = decide(
+                state,
+                rules,
+                &[reading("queue", values(t), 5.0, s(t))],
+                s(t),
+            );
             (t, decision.replicas, decision.reason)
         })
         .collect()
@@ -79,7 +90,7 @@ fn activation_is_strictly_above_the_threshold() {
         activation_target: 3.0,
         ..reading("queue", 3.0, 5.0, s(0))
     };
-    let decision = decide(&mut state, &rules, &[at_threshold.clone()], s(0));
+    let decision = decide(&mut state, &rules, std::slice::from_ref(&at_threshold), s(0));
     assert!(!decision.active);
     assert_eq!(decision.replicas, 0);
     let above = Reading {
@@ -105,13 +116,30 @@ fn activity_during_the_cooldown_restarts_it() {
     assert!(quiet.active);
     assert_eq!(quiet.reason, Reason::Cooldown);
     assert_eq!(quiet.cooldown_ends, Some(s(100)));
-    assert_eq!(quiet.next_evaluation, s(90), "the next poll comes before the cooldown ends");
+    assert_eq!(
+        quiet.next_evaluation,
+        s(90),
+        "the next poll comes before the cooldown ends"
+    );
     decide(&mut state, &rules, &[reading("q", 2.0, 5.0, s(90))], s(90));
-    let later = decide(&mut state, &rules, &[reading("q", 0.0, 5.0, s(150))], s(150));
+    let later = decide(
+        &mut state,
+        &rules,
+        &[reading("q", 0.0, 5.0, s(150))],
+        s(150),
+    );
     assert_eq!(later.replicas, 1, "cooldown restarted at 90 s");
     assert_eq!(later.cooldown_ends, Some(s(190)));
-    let end = decide(&mut state, &rules, &[reading("q", 0.0, 5.0, s(190))], s(190));
-    assert_eq!((end.replicas, end.reason, end.active), (0, Reason::Inactive, false));
+    let end = decide(
+        &mut state,
+        &rules,
+        &[reading("q", 0.0, 5.0, s(190))],
+        s(190),
+    );
+    assert_eq!(
+        (end.replicas, end.reason, end.active),
+        (0, Reason::Inactive, false)
+    );
 }
 
 #[test]
@@ -125,11 +153,22 @@ fn min_replica_count_is_never_undercut_and_out_of_range_counts_snap() {
     let first = decide(&mut state, &rules, &[reading("q", 0.0, 5.0, s(0))], s(0));
     assert_eq!((first.replicas, first.reason), (2, Reason::TooFewReplicas));
     let quiet = run(&mut state, &rules, |_| 0.0, 30, 900);
-    assert!(quiet.iter().all(|(_, replicas, _)| *replicas == 2), "{quiet:?}");
+    assert!(
+        quiet.iter().all(|(_, replicas, _)| *replicas == 2),
+        "{quiet:?}"
+    );
 
     state.current_replicas = 40;
-    let snapped = decide(&mut state, &rules, &[reading("q", 100.0, 5.0, s(930))], s(930));
-    assert_eq!((snapped.replicas, snapped.reason), (6, Reason::TooManyReplicas));
+    let snapped = decide(
+        &mut state,
+        &rules,
+        &[reading("q", 100.0, 5.0, s(930))],
+        s(930),
+    );
+    assert_eq!(
+        (snapped.replicas, snapped.reason),
+        (6, Reason::TooManyReplicas)
+    );
 }
 
 #[test]
@@ -145,7 +184,10 @@ fn within_tolerance_nothing_changes() {
     };
     // 52 / (5 × 10) = 1.04: within 10 %.
     let decision = decide(&mut state, &rules, &[reading("q", 52.0, 5.0, s(0))], s(0));
-    assert_eq!((decision.replicas, decision.reason), (10, Reason::WithinTolerance));
+    assert_eq!(
+        (decision.replicas, decision.reason),
+        (10, Reason::WithinTolerance)
+    );
     assert_eq!(decision.raw_desired, Some(11));
     // 56 / 50 = 1.12: outside.
     let decision = decide(&mut state, &rules, &[reading("q", 56.0, 5.0, s(30))], s(30));
@@ -186,14 +228,29 @@ fn a_failing_trigger_blocks_scale_down_and_deactivation_but_not_scale_up() {
         last_active: Some(s(0)),
         ..Default::default()
     };
-    let held = decide(&mut state, &rules, &[reading("a", 10.0, 5.0, s(0)), failure("b", 5.0, s(0))], s(0));
+    let held = decide(
+        &mut state,
+        &rules,
+        &[reading("a", 10.0, 5.0, s(0)), failure("b", 5.0, s(0))],
+        s(0),
+    );
     assert_eq!((held.replicas, held.reason), (8, Reason::TriggerError));
-    let up = decide(&mut state, &rules, &[reading("a", 60.0, 5.0, s(30)), failure("b", 5.0, s(30))], s(30));
+    let up = decide(
+        &mut state,
+        &rules,
+        &[reading("a", 60.0, 5.0, s(30)), failure("b", 5.0, s(30))],
+        s(30),
+    );
     assert_eq!(up.replicas, 12);
     // Long after the cooldown, a failing trigger still keeps it active.
     let mut t = 60;
     while t < 600 {
-        let decision = decide(&mut state, &rules, &[reading("a", 0.0, 5.0, s(t)), failure("b", 5.0, s(t))], s(t));
+        let decision = decide(
+            &mut state,
+            &rules,
+            &[reading("a", 0.0, 5.0, s(t)), failure("b", 5.0, s(t))],
+            s(t),
+        );
         assert!(decision.active, "t={t}");
         assert_eq!(decision.replicas, 12, "t={t}");
         t += 30;
@@ -201,7 +258,10 @@ fn a_failing_trigger_blocks_scale_down_and_deactivation_but_not_scale_up() {
     // At zero, a failing trigger does not wake anything.
     let mut idle = State::default();
     let decision = decide(&mut idle, &rules, &[failure("b", 5.0, s(0))], s(0));
-    assert_eq!((decision.replicas, decision.active, decision.reason), (0, false, Reason::TriggerError));
+    assert_eq!(
+        (decision.replicas, decision.active, decision.reason),
+        (0, false, Reason::TriggerError)
+    );
 }
 
 #[test]
@@ -220,7 +280,11 @@ fn fallback_after_consecutive_failures_counting_each_reading_once() {
     };
     for t in [0, 0, 30, 30] {
         let decision = decide(&mut state, &rules, &[failure("q", 5.0, s(t))], s(t + 1));
-        assert_ne!(decision.reason, Reason::Fallback, "only two distinct readings so far");
+        assert_ne!(
+            decision.reason,
+            Reason::Fallback,
+            "only two distinct readings so far"
+        );
     }
     let decision = decide(&mut state, &rules, &[failure("q", 5.0, s(60))], s(60));
     assert_eq!((decision.replicas, decision.reason), (6, Reason::Fallback));
@@ -277,14 +341,23 @@ fn behavior_policies_rate_limit_scale_down() {
         ..Default::default()
     };
     let steps = run(&mut state, &disabled, |_| 5.0, 0, 120);
-    assert!(steps.iter().all(|(_, replicas, _)| *replicas == 10), "{steps:?}");
+    assert!(
+        steps.iter().all(|(_, replicas, _)| *replicas == 10),
+        "{steps:?}"
+    );
 }
 
 #[test]
 fn legacy_path_records_no_scale_events() {
     let rules = Rules::default();
     let mut state = State::default();
-    run(&mut state, &rules, |t| if t < 200 { 40.0 } else { 0.0 }, 0, 900);
+    run(
+        &mut state,
+        &rules,
+        |t| if t < 200 { 40.0 } else { 0.0 },
+        0,
+        900,
+    );
     assert!(state.scale_up_events.is_empty());
     assert!(state.scale_down_events.is_empty());
 }
@@ -303,9 +376,21 @@ fn scale_up_stabilization_holds_increases_in_the_legacy_path() {
     };
     let first = decide(&mut state, &rules, &[reading("q", 20.0, 5.0, s(0))], s(0));
     assert_eq!(first.replicas, 4);
-    let burst = decide(&mut state, &rules, &[reading("q", 100.0, 5.0, s(30))], s(30));
-    assert_eq!((burst.replicas, burst.reason), (4, Reason::ScaleUpStabilized));
-    assert_eq!(burst.stabilization_ends, Some(s(120)), "the 4 recommended at 0 s holds for 120 s");
+    let burst = decide(
+        &mut state,
+        &rules,
+        &[reading("q", 100.0, 5.0, s(30))],
+        s(30),
+    );
+    assert_eq!(
+        (burst.replicas, burst.reason),
+        (4, Reason::ScaleUpStabilized)
+    );
+    assert_eq!(
+        burst.stabilization_ends,
+        Some(s(120)),
+        "the 4 recommended at 0 s holds for 120 s"
+    );
     // The 4 recommended at 0 s holds until it is 120 s old; then the
     // step-up rule applies: 8, 16, 20.
     let steps = run(&mut state, &rules, |_| 100.0, 60, 180);
@@ -329,17 +414,25 @@ fn state_round_trips_through_json() {
 }
 
 fn arbitrary_rules() -> impl Strategy<Value = Rules> {
-    (0u32..4, 1u32..40, 0u64..600, 0u32..400, 0u32..120, any::<bool>()).prop_map(
-        |(min, span, cooldown, down_window, up_window, behavior)| Rules {
-            min_replica_count: min,
-            max_replica_count: min.max(1) + span,
-            cooldown_period: cooldown,
-            scale_down_stabilization_window_seconds: down_window,
-            scale_up_stabilization_window_seconds: up_window,
-            behavior: behavior.then(Behavior::default),
-            ..Rules::default()
-        },
+    (
+        0u32..4,
+        1u32..40,
+        0u64..600,
+        0u32..400,
+        0u32..120,
+        any::<bool>(),
     )
+        .prop_map(
+            |(min, span, cooldown, down_window, up_window, behavior)| Rules {
+                min_replica_count: min,
+                max_replica_count: min.max(1) + span,
+                cooldown_period: cooldown,
+                scale_down_stabilization_window_seconds: down_window,
+                scale_up_stabilization_window_seconds: up_window,
+                behavior: behavior.then(Behavior::default),
+                ..Rules::default()
+            },
+        )
 }
 
 /// Per step: seconds since the last step, and each of two triggers'

@@ -52,10 +52,13 @@ impl ScalerService {
     }
 
     async fn decision(&self, tracked: &Tracked) -> Result<crate::engine::Decision, RpcError> {
-        tracked.decision().await.ok_or_else(|| RpcError::NoDecisionYet {
-            scaled_object: format!("{}/{}", tracked.key.namespace, tracked.key.name),
-            timeout: tracked.config.timeout,
-        })
+        tracked
+            .decision()
+            .await
+            .ok_or_else(|| RpcError::NoDecisionYet {
+                scaled_object: format!("{}/{}", tracked.key.namespace, tracked.key.name),
+                timeout: tracked.config.timeout,
+            })
     }
 
     /// The current value, or why there is none.
@@ -196,8 +199,13 @@ impl Activity {
     /// the source failing: a failure is no evidence of inactivity).
     fn current(&mut self, tracked: &Tracked) -> Option<bool> {
         match self {
-            Activity::Readings(readings) => readings.borrow_and_update().value().map(|v| tracked.is_active(v)),
-            Activity::Decisions(decisions) => decisions.borrow_and_update().as_ref().map(|d| d.active),
+            Activity::Readings(readings) => readings
+                .borrow_and_update()
+                .value()
+                .map(|v| tracked.is_active(v)),
+            Activity::Decisions(decisions) => {
+                decisions.borrow_and_update().as_ref().map(|d| d.active)
+            }
         }
     }
 
@@ -223,7 +231,13 @@ async fn push_activation_edges(
     let mut active = false;
     loop {
         if let Some(now_active) = activity.current(&tracked) {
-            if now_active && !active && sender.send(Ok(IsActiveResponse { result: true })).await.is_err() {
+            if now_active
+                && !active
+                && sender
+                    .send(Ok(IsActiveResponse { result: true }))
+                    .await
+                    .is_err()
+            {
                 return;
             }
             active = now_active;
