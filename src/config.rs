@@ -368,7 +368,9 @@ default_interval = "15s"
         let file = dir.path().join("hoist.toml");
         std::fs::write(&file, "[grpc]\nlisten = \"nowhere\"\n").unwrap();
         let err = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap_err();
-        let cause = std::error::Error::source(&err).map(ToString::to_string).unwrap_or_default();
+        let cause = std::error::Error::source(&err)
+            .map(ToString::to_string)
+            .unwrap_or_default();
         assert!(cause.contains("listen"), "{err}: {cause}");
     }
 

@@ -98,29 +98,22 @@ pub fn scale_up_limit(
     rules: &ScalingRules,
     now: Millis,
 ) -> i32 {
+    // `Max` picks the largest allowed increase, `Min` the smallest.
     let pick: fn(i32, i32) -> i32 = match rules.select_policy {
         SelectPolicy::Disabled => return current,
         SelectPolicy::Min => i32::min,
         SelectPolicy::Max => i32::max,
     };
-    let mut result = if rules.select_policy == SelectPolicy::Min {
-        i32::MAX
-    } else {
-        i32::MIN
-    };
-    for policy in &rules.policies {
-        let added = replicas_change_in_period(policy.period_seconds, up_events, now);
-        let removed = replicas_change_in_period(policy.period_seconds, down_events, now);
-        let period_start = current - added + removed;
-        let proposed = match policy.kind {
-            PolicyType::Pods => period_start.saturating_add(policy.value),
-            PolicyType::Percent => {
-                (period_start as f64 * (1.0 + policy.value as f64 / 100.0)).ceil() as i32
+    let proposals =
+        period_starts(current, up_events, down_events, rules, now).map(|(policy, start)| {
+            match policy.kind {
+                PolicyType::Pods => start.saturating_add(policy.value),
+                PolicyType::Percent => {
+                    (start as f64 * (1.0 + policy.value as f64 / 100.0)).ceil() as i32
+                }
             }
-        };
-        result = pick(result, proposed);
-    }
-    result
+        });
+    proposals.reduce(pick).unwrap_or(current)
 }
 
 /// `calculateScaleDownLimitWithBehaviors`. For scale-down, `Min` (the
@@ -137,25 +130,31 @@ pub fn scale_down_limit(
         SelectPolicy::Min => i32::max,
         SelectPolicy::Max => i32::min,
     };
-    let mut result = if rules.select_policy == SelectPolicy::Min {
-        i32::MIN
-    } else {
-        i32::MAX
-    };
-    for policy in &rules.policies {
+    let proposals =
+        period_starts(current, up_events, down_events, rules, now).map(|(policy, start)| {
+            match policy.kind {
+                PolicyType::Pods => start.saturating_sub(policy.value),
+                // Truncation toward zero, as Go's int32(float64) conversion.
+                PolicyType::Percent => (start as f64 * (1.0 - policy.value as f64 / 100.0)) as i32,
+            }
+        });
+    proposals.reduce(pick).unwrap_or(current)
+}
+
+/// Each policy with the replica count at the start of its period: the
+/// current count less the steps taken inside the period.
+fn period_starts<'a>(
+    current: i32,
+    up_events: &'a [ScaleEvent],
+    down_events: &'a [ScaleEvent],
+    rules: &'a ScalingRules,
+    now: Millis,
+) -> impl Iterator<Item = (&'a Policy, i32)> + 'a {
+    rules.policies.iter().map(move |policy| {
         let added = replicas_change_in_period(policy.period_seconds, up_events, now);
         let removed = replicas_change_in_period(policy.period_seconds, down_events, now);
-        let period_start = current - added + removed;
-        let proposed = match policy.kind {
-            PolicyType::Pods => period_start.saturating_sub(policy.value),
-            // Truncation toward zero, as Go's int32(float64) conversion.
-            PolicyType::Percent => {
-                (period_start as f64 * (1.0 - policy.value as f64 / 100.0)) as i32
-            }
-        };
-        result = pick(result, proposed);
-    }
-    result
+        (policy, current - added + removed)
+    })
 }
 
 /// `convertDesiredReplicasWithBehaviorRate`: min/max and the policies.

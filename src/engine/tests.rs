@@ -90,7 +90,12 @@ fn activation_is_strictly_above_the_threshold() {
         activation_target: 3.0,
         ..reading("queue", 3.0, 5.0, s(0))
     };
-    let decision = decide(&mut state, &rules, std::slice::from_ref(&at_threshold), s(0));
+    let decision = decide(
+        &mut state,
+        &rules,
+        std::slice::from_ref(&at_threshold),
+        s(0),
+    );
     assert!(!decision.active);
     assert_eq!(decision.replicas, 0);
     let above = Reading {
