@@ -329,6 +329,11 @@ impl RedisSource {
 
     async fn connect(&self) -> Result<Connection, ObserveError> {
         let c = &self.config;
+        if c.enable_tls {
+            // rustls needs one process-wide crypto provider; installing it
+            // twice is harmless.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         match c.mode {
             Mode::Standalone => {
                 let info = self.node_info(&c.addresses[0], c.database_index)?;

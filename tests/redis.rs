@@ -618,3 +618,77 @@ async fn passwords_come_from_auth_profiles_and_never_show_in_errors() {
         assert!(!text.contains(password), "the password leaked: {text}");
     }
 }
+
+#[tokio::test]
+async fn tls_to_redis_with_a_ca_from_the_auth_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let write = |name: &str, pem: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path.display().to_string()
+    };
+    let ca_file = write("ca.pem", ca.pem());
+    let cert_file = write("server.pem", server.pem());
+    let key_file = write("server.key", server_key.serialize_pem());
+
+    let tls_port = support::free_port().to_string();
+    let redis = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port,
+        "--tls-cert-file",
+        &cert_file,
+        "--tls-key-file",
+        &key_file,
+        "--tls-ca-cert-file",
+        &ca_file,
+        "--tls-auth-clients",
+        "no",
+    ]);
+    redis.command(&["RPUSH", "secure", "a", "b"]);
+
+    let mut settings = Settings::default();
+    settings.auth.insert(
+        "tls-redis".into(),
+        [
+            ("tls".to_string(), AuthValue::Literal("enable".into())),
+            ("ca".to_string(), AuthValue::File { file: ca_file.clone().into() }),
+        ]
+        .into(),
+    );
+    let hoist = Hoist::start_with(settings).await;
+    let address = format!("localhost:{tls_port}");
+    let verified = object(
+        "secure",
+        &[("scaler", "redis"), ("address", &address), ("listName", "secure"), ("authRef", "tls-redis")],
+    );
+    assert_eq!(metric(&hoist, &verified).await.unwrap(), (2, 2.0));
+
+    // Without hoist knowing the CA, verification fails...
+    let unknown_ca = object(
+        "secure-2",
+        &[("scaler", "redis"), ("address", &address), ("listName", "secure"), ("enableTLS", "true")],
+    );
+    assert_eq!(metric(&hoist, &unknown_ca).await.unwrap_err().code(), Code::Unavailable);
+    // ...unless told to skip it.
+    let unsafe_ssl = object(
+        "secure-3",
+        &[
+            ("scaler", "redis"),
+            ("address", &address),
+            ("listName", "secure"),
+            ("enableTLS", "true"),
+            ("unsafeSsl", "true"),
+        ],
+    );
+    assert_eq!(metric(&hoist, &unsafe_ssl).await.unwrap(), (2, 2.0));
+}
