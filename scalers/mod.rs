@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 
 use crate::metadata::{MetadataError, Params};
 
-registry!(redis);
+registry!(redis, kafka);
 
 /// What one ScaledObject trigger measures, and what it compares it with.
 #[derive(Clone)]
@@ -43,7 +43,27 @@ pub struct Query {
 pub trait Source: Send + Sync + 'static {
     /// Measures the current value once. The caller bounds it with a timeout
     /// and may drop the future at any point.
-    fn observe(&self) -> BoxFuture<'_, Result<f64, ObserveError>>;
+    fn observe(&self) -> BoxFuture<'_, Result<Measurement, ObserveError>>;
+}
+
+/// One measurement: the value reported to KEDA, and the value compared
+/// with the activation threshold. They differ only where KEDA's scaler
+/// makes them differ (Kafka's excluded persistent lag still counts as
+/// activity).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measurement {
+    pub value: f64,
+    pub activity: f64,
+}
+
+impl Measurement {
+    /// A measurement whose value also decides activity.
+    pub fn of(value: f64) -> Self {
+        Self {
+            value,
+            activity: value,
+        }
+    }
 }
 
 /// Why a measurement failed. Messages never contain secrets.

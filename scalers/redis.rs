@@ -11,7 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 use tokio::sync::Mutex;
 
-use super::{Kind, ObserveError, Query, Source, Trigger, metric_name};
+use super::{Kind, Measurement, ObserveError, Query, Source, Trigger, metric_name};
 use crate::metadata::{MetadataError, Origin, Params};
 use crate::secret::{Secret, fingerprint};
 
@@ -313,7 +313,7 @@ impl RedisSource {
         }
     }
 
-    async fn measure(&self) -> Result<f64, ObserveError> {
+    async fn measure(&self) -> Result<Measurement, ObserveError> {
         let mut slot = self.connection.lock().await;
         let mut connection = match slot.take() {
             Some(connection) => connection,
@@ -324,7 +324,7 @@ impl RedisSource {
             .await
             .map_err(classify)?;
         *slot = Some(connection);
-        Ok(length as f64)
+        Ok(Measurement::of(length as f64))
     }
 
     async fn connect(&self) -> Result<Connection, ObserveError> {
@@ -496,7 +496,7 @@ fn classify(error: redis::RedisError) -> ObserveError {
 }
 
 impl Source for RedisSource {
-    fn observe(&self) -> BoxFuture<'_, Result<f64, ObserveError>> {
+    fn observe(&self) -> BoxFuture<'_, Result<Measurement, ObserveError>> {
         self.measure().boxed()
     }
 }

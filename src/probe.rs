@@ -45,7 +45,7 @@ pub async fn probe(
     let trigger = &config.trigger;
     let outcome = tokio::time::timeout(config.timeout, trigger.query.source.observe()).await;
     let value = match outcome {
-        Ok(Ok(value)) => Ok(value),
+        Ok(Ok(measurement)) => Ok(measurement),
         Ok(Err(error)) => Err(PollError::Observe(error)),
         Err(_) => Err(PollError::Timeout(config.timeout)),
     }
@@ -59,8 +59,8 @@ pub async fn probe(
         metric_name: trigger.metric_name.clone(),
         target: trigger.target,
         activation_target: trigger.activation_target,
-        value,
-        active: value > trigger.activation_target,
+        value: value.value,
+        active: value.activity > trigger.activation_target,
     })
 }
 

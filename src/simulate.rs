@@ -197,6 +197,7 @@ pub fn simulate(scenario: &Scenario, samples: &[Sample]) -> Vec<Step> {
                     target: trigger.target,
                     activation_target: trigger.activation_target,
                     value: value.clone(),
+                    activity: None,
                     at: now,
                 })
                 .collect();

@@ -58,7 +58,7 @@ fn trigger_status(tracked: &Tracked, now: Instant) -> TriggerStatus {
     let age = |at: Instant| Some(now.saturating_duration_since(at).as_secs_f64());
     let (value, reading_age_seconds, error, consecutive_failures) = match tracked.latest() {
         Reading::Pending => (None, None, None, 0),
-        Reading::Value { value, at } => (Some(value), age(at), None, 0),
+        Reading::Value { value, at, .. } => (Some(value), age(at), None, 0),
         Reading::Failed {
             error,
             at,
@@ -76,7 +76,7 @@ fn trigger_status(tracked: &Tracked, now: Instant) -> TriggerStatus {
         reading_age_seconds,
         error,
         consecutive_failures,
-        active: value.map(|v| tracked.is_active(v)),
+        active: tracked.latest().activity().map(|a| tracked.is_active(a)),
     }
 }
 

@@ -175,3 +175,191 @@ fn keda_redis_cases() {
     );
     assert_eq!(cases.len(), 56, "every Redis row runs");
 }
+
+mod kafka {
+    use std::collections::HashMap;
+
+    use hoist::metadata::Params;
+    use hoist::scalers::kafka::{self, KafkaConfig, OffsetResetPolicy, Sasl, parse_config};
+    use serde_json::{Value, json};
+
+    use super::{DEFAULTS, cases};
+
+    fn sasl_name(sasl: &Sasl) -> &'static str {
+        match sasl {
+            Sasl::None => "none",
+            Sasl::Plaintext => "plaintext",
+            Sasl::ScramSha256 => "scram_sha256",
+            Sasl::ScramSha512 => "scram_sha512",
+            Sasl::OAuthBearer { .. } | Sasl::AwsMskIam { .. } => "oauthbearer",
+            Sasl::Gssapi { .. } => "gssapi",
+        }
+    }
+
+    /// KEDA's field names for hoist's Kafka config.
+    fn field(c: &KafkaConfig, name: &str) -> Value {
+        match name {
+            "bootstrapServers" => json!(c.bootstrap_servers),
+            "consumerGroup" => json!(c.consumer_group),
+            "topic" => json!(c.topic),
+            "partitionLimitation" => json!(c.partition_limitation),
+            "offsetResetPolicy" => json!(match c.offset_reset_policy {
+                OffsetResetPolicy::Latest => "latest",
+                OffsetResetPolicy::Earliest => "earliest",
+            }),
+            "allowIdleConsumers" => json!(c.allow_idle_consumers),
+            "excludePersistentLag" => json!(c.exclude_persistent_lag),
+            "limitToPartitionsWithLag" => json!(c.limit_to_partitions_with_lag),
+            "ensureEvenDistributionOfPartitions" => json!(c.ensure_even_distribution_of_partitions),
+            "fullMetadata" => json!(c.full_metadata),
+            "lagThreshold" => json!(c.lag_threshold),
+            "enableTLS" => json!(c.enable_tls),
+            "ca" => json!(c.ca),
+            "cert" => json!(c.cert),
+            "key" => json!(c.key.expose()),
+            "keyPassword" => json!(c.key_password.expose()),
+            "sasl" => json!(sasl_name(&c.sasl)),
+            "tokenProvider" => json!(match c.sasl {
+                Sasl::AwsMskIam { .. } => "aws_msk_iam",
+                _ => "bearer",
+            }),
+            "scopes" => match &c.sasl {
+                Sasl::OAuthBearer { scopes, .. } => json!(scopes),
+                _ => Value::Null,
+            },
+            "oauthExtensionsCount" => match &c.sasl {
+                Sasl::OAuthBearer { extensions, .. } => json!(extensions.len()),
+                _ => Value::Null,
+            },
+            "kerberosServiceName" => match &c.sasl {
+                Sasl::Gssapi { service_name, .. } => json!(service_name),
+                _ => Value::Null,
+            },
+            "awsRegion" => match &c.sasl {
+                Sasl::AwsMskIam { region } => json!(region),
+                _ => Value::Null,
+            },
+            other => panic!(
+                "no Kafka field for KEDA's `{other}`: extend the mapping rather than skip it"
+            ),
+        }
+    }
+
+    fn offsets(value: &Value) -> kafka::Offsets {
+        value
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(topic, partitions)| {
+                let partitions = partitions
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(p, o)| (p.parse().unwrap(), o.as_i64().unwrap()))
+                    .collect();
+                (topic.clone(), partitions)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keda_kafka_cases() {
+        let all = cases("kafka");
+        let raw: Vec<Value> =
+            serde_json::from_str::<Vec<Value>>(include_str!("data/keda-metadata-cases.json"))
+                .unwrap()
+                .into_iter()
+                .filter(|r| r["scaler"] == "kafka")
+                .collect();
+        assert_eq!(all.len(), 202, "every Kafka row runs");
+        let mut compared = 0;
+        for (case, raw) in all.iter().zip(&raw) {
+            let auth = match case.metadata.get("authRef") {
+                Some(profile) => case.profiles.resolve(profile).unwrap(),
+                None => Default::default(),
+            };
+            let params = Params::new(&case.metadata, &auth);
+            match raw["kind"].as_str() {
+                Some("evenDistributionFactor") => {
+                    let i = &raw["input"];
+                    let factor = kafka::next_factor(
+                        i["totalLag"].as_i64().unwrap(),
+                        i["totalTopicPartitions"].as_i64().unwrap(),
+                        i["lagThreshold"].as_i64().unwrap(),
+                    );
+                    assert_eq!(json!(factor), case.expect["factor"], "{}", case.test);
+                    compared += 1;
+                    continue;
+                }
+                Some("lagForPartition") => {
+                    // These rows carry only the keys the function reads;
+                    // the rest of a valid trigger is filled in.
+                    let mut metadata = case.metadata.clone();
+                    metadata.insert("bootstrapServers".into(), "b:9092".into());
+                    metadata.insert("consumerGroup".into(), "g".into());
+                    let config = parse_config(&Params::new(&metadata, &auth)).unwrap();
+                    let i = &raw["input"];
+                    let (lag, with_persistent) = kafka::lag_for_partition(
+                        &config,
+                        i["topic"].as_str().unwrap(),
+                        i["partition"].as_i64().unwrap() as i32,
+                        i["consumerOffset"].as_i64().unwrap(),
+                        &offsets(&i["latestOffsets"]),
+                        &mut HashMap::new(),
+                    );
+                    assert_eq!(json!(lag), case.expect["lag"], "{}", case.test);
+                    assert_eq!(
+                        json!(with_persistent),
+                        case.expect["lagWithPersistent"],
+                        "{}",
+                        case.test
+                    );
+                    compared += 2;
+                    continue;
+                }
+                Some("topicPartitions") => {
+                    let config = parse_config(&params).unwrap();
+                    let ids = raw["input"]["brokerPartitionIds"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|id| id.as_i64().unwrap() as i32);
+                    let active = kafka::active_partitions(&config, ids);
+                    assert_eq!(
+                        json!({config.topic.clone(): active}),
+                        case.expect["topicPartitions"],
+                        "{}",
+                        case.test
+                    );
+                    compared += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            let parsed = hoist::trigger::parse(&case.metadata, &case.profiles, DEFAULTS);
+            assert_eq!(
+                parsed.is_err(),
+                case.expect_error,
+                "{}: {:?}",
+                case.test,
+                parsed.as_ref().err()
+            );
+            let Ok(parsed) = parsed else { continue };
+            let config = parse_config(&params).unwrap();
+            for (name, expected) in &case.expect {
+                let actual = match name.as_str() {
+                    "metricName" => json!(format!(
+                        "s{}-{}",
+                        case.trigger_index.unwrap_or(0),
+                        parsed.trigger.metric_name
+                    )),
+                    "targetAverageValue" => json!(parsed.trigger.target as i64),
+                    _ => field(&config, name),
+                };
+                assert_eq!(&actual, expected, "{}: `{name}`", case.test);
+                compared += 1;
+            }
+        }
+        assert!(compared > 500, "only {compared} fields compared");
+    }
+}

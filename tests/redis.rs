@@ -661,7 +661,12 @@ async fn tls_to_redis_with_a_ca_from_the_auth_profile() {
         "tls-redis".into(),
         [
             ("tls".to_string(), AuthValue::Literal("enable".into())),
-            ("ca".to_string(), AuthValue::File { file: ca_file.clone().into() }),
+            (
+                "ca".to_string(),
+                AuthValue::File {
+                    file: ca_file.clone().into(),
+                },
+            ),
         ]
         .into(),
     );
@@ -669,16 +674,29 @@ async fn tls_to_redis_with_a_ca_from_the_auth_profile() {
     let address = format!("localhost:{tls_port}");
     let verified = object(
         "secure",
-        &[("scaler", "redis"), ("address", &address), ("listName", "secure"), ("authRef", "tls-redis")],
+        &[
+            ("scaler", "redis"),
+            ("address", &address),
+            ("listName", "secure"),
+            ("authRef", "tls-redis"),
+        ],
     );
     assert_eq!(metric(&hoist, &verified).await.unwrap(), (2, 2.0));
 
     // Without hoist knowing the CA, verification fails...
     let unknown_ca = object(
         "secure-2",
-        &[("scaler", "redis"), ("address", &address), ("listName", "secure"), ("enableTLS", "true")],
+        &[
+            ("scaler", "redis"),
+            ("address", &address),
+            ("listName", "secure"),
+            ("enableTLS", "true"),
+        ],
     );
-    assert_eq!(metric(&hoist, &unknown_ca).await.unwrap_err().code(), Code::Unavailable);
+    assert_eq!(
+        metric(&hoist, &unknown_ca).await.unwrap_err().code(),
+        Code::Unavailable
+    );
     // ...unless told to skip it.
     let unsafe_ssl = object(
         "secure-3",

@@ -128,8 +128,10 @@ impl Tracked {
         now.saturating_duration_since(last_seen)
     }
 
-    pub fn is_active(&self, value: f64) -> bool {
-        value > self.config.trigger.activation_target
+    /// Whether an activity value (see [`crate::scalers::Measurement`])
+    /// is above the trigger's activation threshold.
+    pub fn is_active(&self, activity: f64) -> bool {
+        activity > self.config.trigger.activation_target
     }
 }
 

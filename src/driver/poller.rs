@@ -137,18 +137,19 @@ impl PollLoop {
                 })
                 .observe(started.elapsed().as_secs_f64());
             let result = match outcome {
-                Ok(Ok(value)) => Ok(value),
+                Ok(Ok(measurement)) => Ok(measurement),
                 Ok(Err(error)) => Err(PollError::Observe(error)),
                 Err(_) => Err(PollError::Timeout(timeout)),
             };
             match result {
-                Ok(value) => {
+                Ok(measurement) => {
                     if failures > 0 {
                         warn!(source = %description, after_failures = failures, "source recovered");
                     }
                     failures = 0;
                     self.readings.send_replace(Reading::Value {
-                        value,
+                        value: measurement.value,
+                        activity: measurement.activity,
                         at: Instant::now(),
                     });
                 }

@@ -11,8 +11,13 @@ use crate::scalers::ObserveError;
 pub enum Reading {
     /// The first measurement has not finished yet.
     Pending,
-    /// The latest poll succeeded.
-    Value { value: f64, at: Instant },
+    /// The latest poll succeeded: the value reported, and the value that
+    /// decides activity (the same for most triggers).
+    Value {
+        value: f64,
+        activity: f64,
+        at: Instant,
+    },
     /// The latest poll failed. The last good value is kept for `/status`
     /// and error messages, never reported as current: a stale value could
     /// be lower than the truth and scale an app down.
@@ -32,10 +37,18 @@ impl Reading {
         }
     }
 
+    /// The value that decides activity, when the latest poll succeeded.
+    pub fn activity(&self) -> Option<f64> {
+        match self {
+            Reading::Value { activity, .. } => Some(*activity),
+            _ => None,
+        }
+    }
+
     /// The most recent good value, even if a later poll failed.
     pub fn last_value(&self) -> Option<(f64, Instant)> {
         match self {
-            Reading::Value { value, at } => Some((*value, *at)),
+            Reading::Value { value, at, .. } => Some((*value, *at)),
             Reading::Failed { last_value, .. } => *last_value,
             Reading::Pending => None,
         }

@@ -204,11 +204,19 @@ impl Scaling {
             .lock_members()
             .iter()
             .filter_map(|member| {
-                let (value, at) = match &*member.readings.borrow() {
+                let (value, activity, at) = match &*member.readings.borrow() {
                     Reading::Pending => return None,
-                    Reading::Value { value, at } => (Observation::Value(*value), *at),
+                    Reading::Value {
+                        value,
+                        activity,
+                        at,
+                    } => (
+                        Observation::Value(*value),
+                        (activity != value).then_some(*activity),
+                        *at,
+                    ),
                     Reading::Failed { error, at, .. } => {
-                        (Observation::Error(error.to_string()), *at)
+                        (Observation::Error(error.to_string()), None, *at)
                     }
                 };
                 Some(engine::Reading {
@@ -216,6 +224,7 @@ impl Scaling {
                     target: member.target,
                     activation_target: member.activation_target,
                     value,
+                    activity,
                     at: clock.wall(at),
                 })
             })

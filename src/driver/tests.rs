@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::scalers::{ObserveError, Query, Source, Trigger};
+use crate::scalers::{Measurement, ObserveError, Query, Source, Trigger};
 use crate::trigger::ScalingMode;
 
 /// Counts calls; answers with the call number, fails while `failing` is
@@ -25,7 +25,7 @@ struct Counter {
 }
 
 impl Source for Counter {
-    fn observe(&self) -> BoxFuture<'_, Result<f64, ObserveError>> {
+    fn observe(&self) -> BoxFuture<'_, Result<Measurement, ObserveError>> {
         let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         let failing = self.failing.load(Ordering::SeqCst) > 0;
         let hang = self.hang.load(Ordering::SeqCst) > 0;
@@ -36,7 +36,7 @@ impl Source for Counter {
             if failing {
                 Err(ObserveError::Connect("refused".into()))
             } else {
-                Ok(call as f64)
+                Ok(Measurement::of(call as f64))
             }
         }
         .boxed()
@@ -260,9 +260,9 @@ impl Gauge {
 }
 
 impl Source for Gauge {
-    fn observe(&self) -> BoxFuture<'_, Result<f64, ObserveError>> {
+    fn observe(&self) -> BoxFuture<'_, Result<Measurement, ObserveError>> {
         let value = *self.0.lock().unwrap();
-        async move { Ok(value) }.boxed()
+        async move { Ok(Measurement::of(value)) }.boxed()
     }
 }
 

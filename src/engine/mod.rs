@@ -49,6 +49,10 @@ pub struct Reading {
     /// The value, or why there is none: `"value": 3` or `"error": "…"`.
     #[serde(flatten)]
     pub value: Observation,
+    /// The value compared with the activation target when it differs from
+    /// `value` (Kafka's persistent lag counts as activity, not as load).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<f64>,
     /// When it was read. A reading fed twice (same trigger and `at`) is
     /// one reading: failures are counted once.
     pub at: Millis,
@@ -172,7 +176,7 @@ pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Milli
         .collect();
     let active_now = values
         .iter()
-        .any(|(reading, value)| *value > reading.activation_target);
+        .any(|(reading, value)| reading.activity.unwrap_or(*value) > reading.activation_target);
     if active_now || (state.active && !errors.is_empty()) {
         state.last_active = Some(now);
     }

@@ -17,6 +17,7 @@ fn reading(trigger: &str, value: f64, target: f64, at: Millis) -> Reading {
         target,
         activation_target: 0.0,
         value: Observation::Value(value),
+        activity: None,
         at,
     }
 }
@@ -27,6 +28,7 @@ fn failure(trigger: &str, target: f64, at: Millis) -> Reading {
         target,
         activation_target: 0.0,
         value: Observation::Error("connection refused".into()),
+        activity: None,
         at,
     }
 }

@@ -47,8 +47,8 @@ impl ScalerService {
             let value = decision.replicas as f64 * tracked.config.trigger.target;
             return Ok((value, decision.active));
         }
-        let value = self.value(tracked).await?;
-        Ok((value, tracked.is_active(value)))
+        let (value, activity) = self.value(tracked).await?;
+        Ok((value, tracked.is_active(activity)))
     }
 
     async fn decision(&self, tracked: &Tracked) -> Result<crate::engine::Decision, RpcError> {
@@ -62,9 +62,9 @@ impl ScalerService {
     }
 
     /// The current value, or why there is none.
-    async fn value(&self, tracked: &Tracked) -> Result<f64, RpcError> {
+    async fn value(&self, tracked: &Tracked) -> Result<(f64, f64), RpcError> {
         let reading = tracked.current().await;
-        reading.value().ok_or_else(|| {
+        reading.value().zip(reading.activity()).ok_or_else(|| {
             RpcError::from_reading(
                 &reading,
                 &tracked.config.trigger.query.description,
@@ -201,8 +201,8 @@ impl Activity {
         match self {
             Activity::Readings(readings) => readings
                 .borrow_and_update()
-                .value()
-                .map(|v| tracked.is_active(v)),
+                .activity()
+                .map(|a| tracked.is_active(a)),
             Activity::Decisions(decisions) => {
                 decisions.borrow_and_update().as_ref().map(|d| d.active)
             }
