@@ -1,0 +1,432 @@
+//! The Kafka trigger end to end: librdkafka's mock cluster in-process (a
+//! real Kafka protocol peer), a real hoist server and client. With
+//! `HOIST_TEST_KAFKA_BOOTSTRAP` set, one test also runs against that broker.
+
+mod support;
+
+use std::time::Duration;
+
+use hoist::proto::{GetMetricsRequest, ScaledObjectRef};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use support::{Hoist, object};
+use tonic::Code;
+
+/// Produces `count` messages into each listed partition.
+fn produce(bootstrap: &str, topic: &str, per_partition: &[(i32, usize)]) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("a producer");
+    for &(partition, count) in per_partition {
+        for n in 0..count {
+            let payload = format!("message {n}");
+            producer
+                .send(
+                    BaseRecord::<(), _>::to(topic)
+                        .partition(partition)
+                        .payload(&payload),
+                )
+                .expect("queued");
+        }
+    }
+    producer.flush(Duration::from_secs(10)).expect("delivered");
+}
+
+/// Commits offsets for `group` as its consumer would.
+fn commit(bootstrap: &str, group: &str, topic: &str, offsets: &[(i32, i64)]) {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("a consumer");
+    let mut list = TopicPartitionList::new();
+    for &(partition, offset) in offsets {
+        list.add_partition_offset(topic, partition, Offset::Offset(offset))
+            .unwrap();
+    }
+    consumer.commit(&list, CommitMode::Sync).expect("committed");
+}
+
+async fn lag(hoist: &Hoist, object: &ScaledObjectRef) -> Result<f64, tonic::Status> {
+    let response = hoist
+        .client()
+        .await
+        .get_metrics(GetMetricsRequest {
+            scaled_object_ref: Some(object.clone()),
+            metric_name: String::new(),
+        })
+        .await?
+        .into_inner();
+    Ok(response.metric_values[0].metric_value_float)
+}
+
+async fn active(hoist: &Hoist, object: &ScaledObjectRef) -> bool {
+    hoist
+        .client()
+        .await
+        .is_active(object.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+}
+
+fn trigger<'a>(name: &'a str, bootstrap: &'a str, extra: &[(&'a str, &'a str)]) -> ScaledObjectRef {
+    let mut metadata = vec![
+        ("scaler", "kafka"),
+        ("bootstrapServers", bootstrap),
+        ("consumerGroup", "workers"),
+        ("topic", "orders"),
+    ];
+    metadata.extend_from_slice(extra);
+    object(name, &metadata)
+}
+
+/// `orders` has 4 partitions with 10 messages each; the group committed
+/// p0 at 10, p1 at 5, p2 at 0 and nothing for p3.
+fn orders_cluster() -> (
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    String,
+) {
+    let cluster = MockCluster::new(1).expect("a mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("orders", 4, 1).unwrap();
+    cluster.create_topic("audit", 2, 1).unwrap();
+    produce(&bootstrap, "orders", &[(0, 10), (1, 10), (2, 10), (3, 10)]);
+    produce(&bootstrap, "audit", &[(0, 7), (1, 3)]);
+    commit(&bootstrap, "workers", "orders", &[(0, 10), (1, 5), (2, 0)]);
+    (cluster, bootstrap)
+}
+
+#[tokio::test]
+async fn lag_follows_kedas_arithmetic() {
+    let (_cluster, bootstrap) = orders_cluster();
+    let hoist = Hoist::start().await;
+    let b = bootstrap.as_str();
+
+    let plain = trigger("plain", b, &[]);
+    let spec = hoist
+        .client()
+        .await
+        .get_metric_spec(plain.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(spec.metric_specs[0].metric_name, "kafka-orders");
+    assert_eq!(spec.metric_specs[0].target_size, 10);
+    // p0 0 + p1 5 + p2 10 + p3 (no commit, latest) 1.
+    assert_eq!(lag(&hoist, &plain).await.unwrap(), 16.0);
+    assert!(active(&hoist, &plain).await);
+
+    let cases: &[(&[(&str, &str)], f64)] = &[
+        (&[("offsetResetPolicy", "earliest")], 25.0),
+        (&[("scaleToZeroOnInvalidOffset", "true")], 15.0),
+        (
+            &[
+                ("offsetResetPolicy", "earliest"),
+                ("scaleToZeroOnInvalidOffset", "true"),
+            ],
+            15.0,
+        ),
+        // Capped at partitions × lagThreshold = 4 × 2.
+        (&[("lagThreshold", "2")], 8.0),
+        // KEDA's integer division: 16 / 5 = 3 is not above 4 partitions.
+        (&[("lagThreshold", "5")], 16.0),
+        (
+            &[("lagThreshold", "2"), ("allowIdleConsumers", "true")],
+            16.0,
+        ),
+        // Three partitions have lag: capped at 3 × 2.
+        (
+            &[("lagThreshold", "2"), ("limitToPartitionsWithLag", "true")],
+            6.0,
+        ),
+        (&[("partitionLimitation", "0,1")], 5.0),
+        (&[("partitionLimitation", "1-3")], 16.0),
+        // 16 lag over 4 partitions with threshold 3: the smallest factor
+        // of 4 whose consumers take it is 4 → 12 (then capped at 4 × 3).
+        (
+            &[
+                ("lagThreshold", "3"),
+                ("ensureEvenDistributionOfPartitions", "true"),
+            ],
+            12.0,
+        ),
+    ];
+    for (index, (extra, expected)) in cases.iter().enumerate() {
+        let name = format!("case-{index}");
+        let object = trigger(&name, b, extra);
+        assert_eq!(lag(&hoist, &object).await.unwrap(), *expected, "{extra:?}");
+    }
+
+    let quiet = trigger("quiet", b, &[("activationLagThreshold", "16")]);
+    assert!(
+        !active(&hoist, &quiet).await,
+        "activation is strictly above the threshold"
+    );
+    let loud = trigger("loud", b, &[("activationLagThreshold", "15")]);
+    assert!(active(&hoist, &loud).await);
+}
+
+#[tokio::test]
+async fn without_a_topic_every_topic_the_group_committed_to_counts() {
+    let (_cluster, bootstrap) = orders_cluster();
+    let hoist = Hoist::start().await;
+    let all = object(
+        "all-topics",
+        &[
+            ("scaler", "kafka"),
+            ("bootstrapServers", &bootstrap),
+            ("consumerGroup", "workers"),
+        ],
+    );
+    let spec = hoist
+        .client()
+        .await
+        .get_metric_spec(all.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(spec.metric_specs[0].metric_name, "kafka-workers-topics");
+    // `audit` has no commits from this group, so only `orders` counts.
+    assert_eq!(lag(&hoist, &all).await.unwrap(), 16.0);
+
+    commit(&bootstrap, "workers", "audit", &[(0, 2)]);
+    let again = object(
+        "all-topics-2",
+        &[
+            ("scaler", "kafka"),
+            ("bootstrapServers", &bootstrap),
+            ("consumerGroup", "workers"),
+            ("allowIdleConsumers", "true"),
+        ],
+    );
+    // audit: p0 7 - 2 = 5, p1 has no commit (latest) = 1.
+    assert_eq!(lag(&hoist, &again).await.unwrap(), 22.0);
+}
+
+#[tokio::test]
+async fn persistent_lag_is_excluded_from_the_value_but_keeps_the_trigger_active() {
+    let (_cluster, bootstrap) = orders_cluster();
+    let hoist = Hoist::start().await;
+    let stuck = trigger(
+        "stuck",
+        &bootstrap,
+        &[
+            ("excludePersistentLag", "true"),
+            ("pollingInterval", "1"),
+            ("scaleToZeroOnInvalidOffset", "true"),
+        ],
+    );
+    // First poll: every committed offset is new, so all lag counts.
+    assert_eq!(lag(&hoist, &stuck).await.unwrap(), 15.0);
+    // The group does not move: from the next poll on the lag is persistent.
+    let mut value = 15.0;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        value = lag(&hoist, &stuck).await.unwrap();
+        if value == 0.0 {
+            break;
+        }
+    }
+    assert_eq!(value, 0.0);
+    assert!(
+        active(&hoist, &stuck).await,
+        "persistent lag still counts as activity"
+    );
+}
+
+#[tokio::test]
+async fn a_consumer_group_that_really_consumes_brings_lag_down() {
+    let (_cluster, bootstrap) = orders_cluster();
+    let hoist = Hoist::start().await;
+    let group = object(
+        "real-group",
+        &[
+            ("scaler", "kafka"),
+            ("bootstrapServers", &bootstrap),
+            ("consumerGroup", "real"),
+            ("topic", "orders"),
+            ("offsetResetPolicy", "earliest"),
+            ("pollingInterval", "1"),
+        ],
+    );
+    assert_eq!(lag(&hoist, &group).await.unwrap(), 40.0);
+
+    let consumed = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .set("group.id", "real")
+                .set("auto.offset.reset", "earliest")
+                .set("enable.auto.commit", "false")
+                .create()
+                .unwrap();
+            consumer.subscribe(&["orders"]).unwrap();
+            let mut seen = 0;
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while seen < 40 && std::time::Instant::now() < deadline {
+                if let Some(Ok(_)) = consumer.poll(Duration::from_millis(200)) {
+                    seen += 1;
+                }
+            }
+            consumer.commit_consumer_state(CommitMode::Sync).unwrap();
+            seen
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(consumed, 40);
+    let mut value = 40.0;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        value = lag(&hoist, &group).await.unwrap();
+        if value == 0.0 {
+            break;
+        }
+    }
+    assert_eq!(value, 0.0);
+    assert!(!active(&hoist, &group).await);
+}
+
+#[tokio::test]
+async fn broker_loss_is_unavailable_and_recovers_when_it_returns() {
+    let (cluster, bootstrap) = orders_cluster();
+    let hoist = Hoist::start().await;
+    let orders = trigger(
+        "orders",
+        &bootstrap,
+        &[("pollingInterval", "1"), ("timeout", "2000")],
+    );
+    assert_eq!(lag(&hoist, &orders).await.unwrap(), 16.0);
+
+    cluster.broker_down(-1).unwrap();
+    let mut status = None;
+    for _ in 0..150 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Err(error) = lag(&hoist, &orders).await {
+            status = Some(error);
+            break;
+        }
+    }
+    let status = status.expect("an error while the broker is down");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(
+        status.message().contains("kafka group `workers`"),
+        "{}",
+        status.message()
+    );
+
+    cluster.broker_up(-1).unwrap();
+    let mut recovered = false;
+    for _ in 0..300 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if lag(&hoist, &orders).await.ok() == Some(16.0) {
+            recovered = true;
+            break;
+        }
+    }
+    assert!(recovered, "lag readable again after the broker returned");
+}
+
+#[tokio::test]
+async fn bad_kafka_metadata_names_the_key() {
+    let hoist = Hoist::start().await;
+    let mut client = hoist.client().await;
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("scaler", "kafka"), ("consumerGroup", "g")],
+            "`bootstrapServers`",
+        ),
+        (
+            &[("scaler", "kafka"), ("bootstrapServers", "b:1")],
+            "`consumerGroup`",
+        ),
+        (
+            &[
+                ("scaler", "kafka"),
+                ("bootstrapServers", "b:1"),
+                ("consumerGroup", "g"),
+                ("lagThreshold", "0"),
+            ],
+            "`lagThreshold`",
+        ),
+        (
+            &[
+                ("scaler", "kafka"),
+                ("bootstrapServers", "b:1"),
+                ("consumerGroup", "g"),
+                ("offsetResetPolicy", "oldest"),
+            ],
+            "`offsetResetPolicy`",
+        ),
+        (
+            &[
+                ("scaler", "kafka"),
+                ("bootstrapServers", "b:1"),
+                ("consumerGroup", "g"),
+                ("topic", "t"),
+                ("partitionLimitation", "1,x"),
+            ],
+            "`partitionLimitation`",
+        ),
+        (
+            &[
+                ("scaler", "kafka"),
+                ("bootstrapServers", "b:1"),
+                ("consumerGroup", "g"),
+                ("sasl", "plaintext"),
+            ],
+            "`username`",
+        ),
+        (
+            &[
+                ("scaler", "kafka"),
+                ("bootstrapServers", "b:1"),
+                ("consumerGroup", "g"),
+                ("limitToPartitionsWithLag", "true"),
+            ],
+            "`topic`",
+        ),
+    ];
+    for (metadata, key) in cases {
+        let status = client
+            .get_metric_spec(object("bad", metadata))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{metadata:?}");
+        assert!(
+            status.message().contains(key),
+            "{metadata:?}: {}",
+            status.message()
+        );
+    }
+}
+
+#[tokio::test]
+async fn against_a_real_broker_when_one_is_given() {
+    let Ok(bootstrap) = std::env::var("HOIST_TEST_KAFKA_BOOTSTRAP") else {
+        eprintln!("skipped: set HOIST_TEST_KAFKA_BOOTSTRAP=host:port to run against a real broker");
+        return;
+    };
+    let topic = format!("hoist-test-{}", std::process::id());
+    produce(&bootstrap, &topic, &[(0, 5)]);
+    let hoist = Hoist::start().await;
+    let real = object(
+        "real-broker",
+        &[
+            ("scaler", "kafka"),
+            ("bootstrapServers", &bootstrap),
+            ("consumerGroup", "hoist-test"),
+            ("topic", &topic),
+            ("offsetResetPolicy", "earliest"),
+        ],
+    );
+    assert_eq!(lag(&hoist, &real).await.unwrap(), 5.0);
+}
