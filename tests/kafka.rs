@@ -430,3 +430,29 @@ async fn against_a_real_broker_when_one_is_given() {
     );
     assert_eq!(lag(&hoist, &real).await.unwrap(), 5.0);
 }
+
+#[tokio::test]
+async fn a_thousand_partitions_are_read_in_one_poll() {
+    let cluster = MockCluster::new(3).expect("a mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("wide", 1000, 1).unwrap();
+    let partitions: Vec<(i32, usize)> = (0..1000)
+        .map(|p| (p, if p % 2 == 0 { 3 } else { 1 }))
+        .collect();
+    produce(&bootstrap, "wide", &partitions);
+    let committed: Vec<(i32, i64)> = (0..1000).map(|p| (p, 1)).collect();
+    commit(&bootstrap, "wide-group", "wide", &committed);
+    let hoist = Hoist::start().await;
+    let wide = object(
+        "wide",
+        &[
+            ("scaler", "kafka"),
+            ("bootstrapServers", &bootstrap),
+            ("consumerGroup", "wide-group"),
+            ("topic", "wide"),
+            ("timeout", "10000"),
+        ],
+    );
+    // 500 even partitions are 2 behind, 500 odd ones are caught up.
+    assert_eq!(lag(&hoist, &wide).await.unwrap(), 1000.0);
+}

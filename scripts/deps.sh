@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what building hoist needs on a fresh Debian/Ubuntu machine:
+# a C toolchain, make, pkg-config and OpenSSL headers for librdkafka (the
+# Kafka client, built from source by the rdkafka crate). Extra package
+# names given as arguments are installed too (scripts/test.sh adds
+# redis-server). Does nothing when everything is there.
+set -euo pipefail
+
+missing=()
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
+command -v c++ >/dev/null 2>&1 || missing+=(g++)
+command -v make >/dev/null 2>&1 || missing+=(make)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+for package in "$@"; do
+  case "$package" in
+    redis-server) command -v redis-server >/dev/null 2>&1 || missing+=(redis-server) ;;
+    redis-tools) command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools) ;;
+    *) dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package") ;;
+  esac
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "installing ${missing[*]} ..."
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=""
+elif command -v sudo >/dev/null 2>&1; then
+  SUDO="sudo"
+else
+  echo "error: ${missing[*]} missing and no root or sudo to install them" >&2
+  exit 1
+fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
