@@ -111,6 +111,9 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
     let (_, bootstrap_servers) = params
         .list(&["bootstrapServers"], &[Metadata, Env])
         .ok_or_else(|| MetadataError::missing("bootstrapServers", "list the brokers, host:port, comma-separated"))?;
+    if bootstrap_servers.iter().any(|server| !super::plain_address(server)) {
+        return Err(MetadataError::invalid("bootstrapServers", super::NOT_PLAIN_ADDRESS));
+    }
     let consumer_group = params
         .required(&["consumerGroup"], &[Metadata, Env], "name the consumer group whose lag to measure")?
         .value
@@ -363,6 +366,7 @@ fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError
         scaler,
         metric_name: metric_name(&name),
         target: config.lag_threshold as f64,
+        target_key: "lagThreshold",
         activation_target: config.activation_lag_threshold as f64,
         query: Query {
             key: query_key(&config),

@@ -22,6 +22,8 @@ pub struct Trigger {
     pub metric_name: String,
     /// Target value per replica (`listLength`, `lagThreshold`, ...).
     pub target: f64,
+    /// The metadata key that sets `target`, for error messages.
+    pub target_key: &'static str,
     /// Active when the value is strictly above this.
     pub activation_target: f64,
     pub query: Query,
@@ -117,6 +119,16 @@ pub fn parse(scaler: &str, params: &Params) -> Result<Trigger, MetadataError> {
             scaler_names().join(", ")
         ),
     ))
+}
+
+/// Why an address was refused without showing it: a URL-shaped value may
+/// carry a password.
+pub const NOT_PLAIN_ADDRESS: &str = "must be host:port, without a scheme, credentials or path (the value is not shown: it may hold a secret)";
+
+/// Whether an address is a bare `host:port` (no `user:pass@`, no
+/// `scheme://`, no path, no spaces), so that it can be shown in logs.
+pub fn plain_address(address: &str) -> bool {
+    !address.contains(['@', '/']) && !address.chars().any(char::is_whitespace)
 }
 
 /// A metric name KEDA and the HPA accept: every character outside

@@ -194,6 +194,7 @@ fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError
         scaler,
         metric_name: metric_name(&format!("redis-{}", config.list_name)),
         target: config.list_length as f64,
+        target_key: "listLength",
         activation_target: config.activation_list_length as f64,
         query: Query {
             key: query_key(scaler, &config),
@@ -250,6 +251,9 @@ fn join_host_port(host: &str, port: &str) -> String {
 /// `host:port`, `[v6]:port`, or a bare host (port 6379). An empty host
 /// means this machine, as in Go's dialer.
 fn split_host_port(address: &str) -> Result<(String, u16), String> {
+    if !super::plain_address(address) {
+        return Err(super::NOT_PLAIN_ADDRESS.to_string());
+    }
     let (host, port) = if let Some(rest) = address.strip_prefix('[') {
         let (host, after) = rest
             .split_once(']')
@@ -513,6 +517,8 @@ mod tests {
         assert_eq!(split_host_port("[::1]:7").unwrap(), ("::1".into(), 7));
         assert_eq!(split_host_port("::1").unwrap(), ("::1".into(), 6379));
         assert!(split_host_port("a:port").unwrap_err().contains("`port`"));
+        let leaked = split_host_port("redis://:hunter2@host:6379").unwrap_err();
+        assert!(!leaked.contains("hunter2"), "{leaked}");
         assert!(split_host_port("a:0").is_err());
         assert_eq!(join_host_port("::1", "7"), "[::1]:7");
     }

@@ -208,6 +208,19 @@ impl Settings {
                 });
             }
         }
+        let day = Duration::from_secs(crate::engine::rules::MAX_POLLING_INTERVAL);
+        if self.polling.default_interval > day {
+            return Err(ConfigError::Invalid {
+                key: "polling.default_interval".to_string(),
+                reason: "must be at most one day".to_string(),
+            });
+        }
+        if self.polling.default_timeout > Duration::from_millis(crate::trigger::MAX_TIMEOUT_MS) {
+            return Err(ConfigError::Invalid {
+                key: "polling.default_timeout".to_string(),
+                reason: "must be at most one hour".to_string(),
+            });
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return Err(ConfigError::Invalid {
                 key: "log.level".to_string(),

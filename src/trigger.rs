@@ -6,6 +6,10 @@ use std::time::Duration;
 
 use crate::config::AuthProfiles;
 use crate::engine::Rules;
+use crate::engine::rules::MAX_POLLING_INTERVAL;
+
+/// The longest per-call timeout hoist accepts: one hour.
+pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
 use crate::metadata::{AuthParams, MetadataError, Origin, Params};
 use crate::scalers::{self, Trigger};
 
@@ -57,29 +61,31 @@ pub fn parse(
     };
     let params = Params::new(metadata, &auth);
 
-    let polling_interval =
-        match params.number::<u64>(&["pollingInterval"], &[Origin::Metadata], 0)? {
-            0 if params
-                .find(&["pollingInterval"], &[Origin::Metadata])
-                .is_some() =>
-            {
+    let polling_interval = match params.find(&["pollingInterval"], &[Origin::Metadata]) {
+        None => defaults.polling_interval,
+        Some(_) => {
+            let seconds = params.number::<u64>(&["pollingInterval"], &[Origin::Metadata], 0)?;
+            if !(1..=MAX_POLLING_INTERVAL).contains(&seconds) {
                 return Err(MetadataError::invalid(
                     "pollingInterval",
-                    "must be at least 1 (seconds)",
+                    format!("must be 1 to {MAX_POLLING_INTERVAL} seconds"),
                 ));
             }
-            0 => defaults.polling_interval,
-            seconds => Duration::from_secs(seconds),
-        };
-    let timeout = match params.number::<u64>(&["timeout"], &[Origin::Metadata], 0)? {
-        0 if params.find(&["timeout"], &[Origin::Metadata]).is_some() => {
-            return Err(MetadataError::invalid(
-                "timeout",
-                "must be at least 1 (milliseconds)",
-            ));
+            Duration::from_secs(seconds)
         }
-        0 => defaults.timeout,
-        millis => Duration::from_millis(millis),
+    };
+    let timeout = match params.find(&["timeout"], &[Origin::Metadata]) {
+        None => defaults.timeout,
+        Some(_) => {
+            let millis = params.number::<u64>(&["timeout"], &[Origin::Metadata], 0)?;
+            if !(1..=MAX_TIMEOUT_MS).contains(&millis) {
+                return Err(MetadataError::invalid(
+                    "timeout",
+                    format!("must be 1 to {MAX_TIMEOUT_MS} milliseconds"),
+                ));
+            }
+            Duration::from_millis(millis)
+        }
     };
     let scaling_mode = match params.find(&["scalingMode"], &[Origin::Metadata]) {
         None => ScalingMode::Passthrough,
@@ -96,6 +102,14 @@ pub fn parse(
     };
 
     let trigger = scalers::parse(scaler.value, &params)?;
+    if matches!(scaling_mode, ScalingMode::Engine(_))
+        && (trigger.target.is_nan() || trigger.target <= 0.0)
+    {
+        return Err(MetadataError::invalid(
+            trigger.target_key,
+            "must be above 0 in engine mode (the engine divides by it)",
+        ));
+    }
     Ok(TriggerConfig {
         trigger,
         polling_interval,
@@ -157,6 +171,8 @@ mod tests {
             ("pollingInterval", "-1"),
             ("pollingInterval", "soon"),
             ("timeout", "0"),
+            ("pollingInterval", "18446744073709551"),
+            ("timeout", "99999999999"),
             ("scalingMode", "fast"),
         ] {
             let err = with(key, value).err().unwrap();

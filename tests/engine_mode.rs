@@ -141,7 +141,7 @@ async fn the_engine_steps_up_explains_itself_and_scales_to_zero_after_the_cooldo
 }
 
 #[tokio::test]
-async fn engine_rule_keys_are_validated_and_must_agree_within_a_scaled_object() {
+async fn engine_rule_keys_are_validated_and_an_edit_replaces_the_rules() {
     let redis = RedisServer::start();
     let hoist = Hoist::start().await;
     let mut client = hoist.client().await;
@@ -158,17 +158,13 @@ async fn engine_rule_keys_are_validated_and_must_agree_within_a_scaled_object() 
         )
     };
     client.get_metric_spec(trigger("a", "10")).await.unwrap();
-    let conflict = client
-        .get_metric_spec(trigger("b", "12"))
-        .await
-        .unwrap_err();
-    assert_eq!(conflict.code(), tonic::Code::InvalidArgument);
-    assert!(
-        conflict.message().contains("`maxReplicaCount`"),
-        "{}",
-        conflict.message()
-    );
     client.get_metric_spec(trigger("b", "10")).await.unwrap();
+    // The ScaledObject is edited: its triggers arrive with new metadata
+    // one by one. Nothing is refused; the newest rules apply, and the
+    // superseded trigger is dropped at once.
+    client.get_metric_spec(trigger("a", "12")).await.unwrap();
+    let worker = status(&hoist).await.scaled_objects.remove(0);
+    assert_eq!(worker.triggers.len(), 2, "{worker:?}");
 
     let bad = client
         .get_metric_spec(trigger("c", "none"))
@@ -180,4 +176,16 @@ async fn engine_rule_keys_are_validated_and_must_agree_within_a_scaled_object() 
         "{}",
         bad.message()
     );
+    let zero_target = object(
+        "worker",
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "d"),
+            ("listLength", "0"),
+            ("scalingMode", "engine"),
+        ],
+    );
+    let bad = client.get_metric_spec(zero_target).await.unwrap_err();
+    assert!(bad.message().contains("`listLength`"), "{}", bad.message());
 }

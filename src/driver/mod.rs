@@ -17,7 +17,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use poller::Poller;
 pub use poller::Schedule;
@@ -86,9 +86,20 @@ impl Tracked {
     pub async fn current(&self) -> Reading {
         let mut readings = self.readings.clone();
         let first = readings.wait_for(|reading| *reading != Reading::Pending);
-        match tokio::time::timeout(self.config.timeout, first).await {
-            Ok(Ok(reading)) => reading.clone(),
-            _ => self.latest(),
+        let outcome = tokio::time::timeout(self.config.timeout, first)
+            .await
+            .map(|waited| waited.map(|reading| reading.clone()));
+        let polled = readings.has_changed().is_ok();
+        match outcome {
+            Ok(Ok(reading)) if polled => reading,
+            // The poller is gone (shutting down): nothing here is current.
+            Ok(_) => Reading::Failed {
+                error: PollError::Stopped,
+                at: Instant::now(),
+                consecutive_failures: 0,
+                last_value: self.latest().last_value(),
+            },
+            Err(_) => self.latest(),
         }
     }
 
@@ -226,6 +237,22 @@ impl Driver {
         let scaling = match &config.scaling_mode {
             ScalingMode::Passthrough => None,
             ScalingMode::Engine(rules) => {
+                // An edited ScaledObject arrives with new metadata, so a new
+                // key: the trigger it replaces (same metric) goes at once.
+                let superseded: Vec<TriggerKey> = triggers
+                    .iter()
+                    .filter(|(old, tracked)| {
+                        old.namespace == key.namespace
+                            && old.name == key.name
+                            && tracked.scaling.is_some()
+                            && tracked.config.trigger.metric_name == config.trigger.metric_name
+                    })
+                    .map(|(old, _)| old.clone())
+                    .collect();
+                for old in &superseded {
+                    info!(namespace = %key.namespace, scaled_object = %key.name, "trigger metadata changed: replacing the old trigger");
+                    self.forget(&mut triggers, old);
+                }
                 Some(self.scaling_for(&key, rules, &config.trigger.metric_name)?)
             }
         };
@@ -237,12 +264,20 @@ impl Driver {
         let query = &config.trigger.query;
         let readings = {
             let mut pollers = self.lock_pollers();
+            if pollers.get(&query.key).is_some_and(Poller::is_dead) {
+                warn!(source = %query.description, "replacing a poller that stopped unexpectedly");
+                if let Some(dead) = pollers.remove(&query.key) {
+                    dead.stop(&self.inner.metrics);
+                    self.inner.metrics.pollers.dec();
+                }
+            }
             let poller = pollers.entry(query.key.clone()).or_insert_with(|| {
                 info!(source = %query.description, "starting poller");
                 self.inner.metrics.pollers.inc();
                 Poller::spawn(
                     config.trigger.scaler,
                     query,
+                    schedule,
                     self.inner.cancel.child_token(),
                     self.inner.metrics.clone(),
                 )
@@ -298,15 +333,16 @@ impl Driver {
         let mut scalings = self.lock_scalings();
         let object = (key.namespace.clone(), key.name.clone());
         if let Some(scaling) = scalings.get(&object) {
-            if scaling.rules != *rules {
-                return Err(MetadataError::invalid(
-                    first_difference(&scaling.rules, rules),
-                    format!(
-                        "differs from another engine-mode trigger of ScaledObject {}/{}: \
-                         give every trigger the same rule keys",
-                        key.namespace, key.name
-                    ),
-                ));
+            if scaling.rules() != *rules {
+                // The newest metadata wins: the ScaledObject was edited and
+                // its other triggers will follow on their next call.
+                info!(
+                    namespace = %key.namespace,
+                    scaled_object = %key.name,
+                    changed = %first_difference(&scaling.rules(), rules),
+                    "engine rules changed"
+                );
+                scaling.set_rules(rules.clone());
             }
             if scaling.has_trigger(metric) {
                 return Err(MetadataError::invalid(
@@ -373,39 +409,47 @@ impl Driver {
             })
             .map(|(key, _)| key.clone())
             .collect();
-        let mut pollers = self.lock_pollers();
         for key in &idle {
-            let Some(tracked) = triggers.remove(key) else {
-                continue;
-            };
             info!(
                 namespace = %key.namespace,
                 scaled_object = %key.name,
                 idle_for = ?idle_after,
                 "dropping idle trigger"
             );
-            let query_key = &tracked.config.trigger.query.key;
-            let empty = pollers
-                .get_mut(query_key)
-                .is_some_and(|poller| poller.unsubscribe(tracked.id));
-            if empty && let Some(poller) = pollers.remove(query_key) {
-                info!(source = %tracked.config.trigger.query.description, "stopping poller");
-                poller.stop(&self.inner.metrics);
-                self.inner.metrics.pollers.dec();
-            }
-            if let Some(scaling) = &tracked.scaling
-                && scaling.leave(tracked.id)
-            {
-                scaling.stop();
-                self.lock_scalings()
-                    .remove(&(key.namespace.clone(), key.name.clone()));
-            }
+            self.forget(&mut triggers, key);
         }
         self.inner
             .metrics
             .tracked_triggers
             .set(triggers.len() as i64);
         idle.len()
+    }
+
+    /// Stops tracking `key`: leaves its poller (stopped when nobody is left)
+    /// and its engine (stopped likewise). The caller holds `triggers`.
+    fn forget(&self, triggers: &mut HashMap<TriggerKey, Arc<Tracked>>, key: &TriggerKey) {
+        let Some(tracked) = triggers.remove(key) else {
+            return;
+        };
+        let query = &tracked.config.trigger.query;
+        {
+            let mut pollers = self.lock_pollers();
+            let empty = pollers
+                .get_mut(&query.key)
+                .is_some_and(|poller| poller.unsubscribe(tracked.id));
+            if empty && let Some(poller) = pollers.remove(&query.key) {
+                info!(source = %query.description, "stopping poller");
+                poller.stop(&self.inner.metrics);
+                self.inner.metrics.pollers.dec();
+            }
+        }
+        if let Some(scaling) = &tracked.scaling
+            && scaling.leave(tracked.id)
+        {
+            scaling.stop();
+            self.lock_scalings()
+                .remove(&(key.namespace.clone(), key.name.clone()));
+        }
     }
 
     async fn sweep_idle(self) {
@@ -482,6 +526,9 @@ impl Collector for TriggerValues {
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
+        // An edited ScaledObject briefly has its old and new trigger with the
+        // same labels; a series must appear once: the most recently asked wins.
+        let mut series: HashMap<TriggerLabels, (u64, f64)> = HashMap::new();
         for tracked in self.0.tracked() {
             let Some(value) = tracked.latest().value() else {
                 continue;
@@ -492,6 +539,13 @@ impl Collector for TriggerValues {
                 scaler: tracked.config.trigger.scaler,
                 metric: tracked.config.trigger.metric_name.clone(),
             };
+            let seen = tracked.last_seen_ms.load(Ordering::Relaxed);
+            let slot = series.entry(labels).or_insert((seen, value));
+            if seen > slot.0 {
+                *slot = (seen, value);
+            }
+        }
+        for (labels, (_, value)) in series {
             ConstGauge::new(value).encode(values.encode_family(&labels)?)?;
         }
         Ok(())

@@ -39,15 +39,12 @@ impl Poller {
     pub fn spawn(
         scaler: &'static str,
         query: &Query,
+        first: Schedule,
         cancel: CancellationToken,
         metrics: Arc<Metrics>,
     ) -> Self {
         let (readings_tx, readings) = watch::channel(Reading::Pending);
-        // Replaced by the first subscriber's schedule before anything reads it.
-        let (schedule, schedule_rx) = watch::channel(Schedule {
-            interval: Duration::from_secs(30),
-            timeout: Duration::from_secs(3),
-        });
+        let (schedule, schedule_rx) = watch::channel(first);
         let labels = SourceLabels {
             scaler,
             source: query.description.clone(),
@@ -101,6 +98,12 @@ impl Poller {
                 changed
             });
         }
+    }
+
+    /// Whether the polling task has ended (it only does when stopped, or
+    /// if it panicked); a dead poller must be replaced, not joined.
+    pub fn is_dead(&self) -> bool {
+        self.readings.has_changed().is_err()
     }
 
     pub fn stop(&self, metrics: &Metrics) {
@@ -186,7 +189,7 @@ impl PollLoop {
                         debug!(source = %description, "poller stopped");
                         return;
                     }
-                    _ = tokio::time::sleep_until(started + wait) => break,
+                    _ = sleep_until_or_forever(started.checked_add(wait)) => break,
                     changed = self.schedule.changed() => {
                         if changed.is_err() {
                             return;
@@ -196,6 +199,13 @@ impl PollLoop {
             }
         }
         debug!(source = %description, "poller stopped");
+    }
+}
+
+async fn sleep_until_or_forever(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

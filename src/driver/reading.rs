@@ -61,4 +61,6 @@ pub enum PollError {
     Observe(#[from] ObserveError),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    #[error("no longer polled (hoist is shutting down)")]
+    Stopped,
 }

@@ -62,7 +62,7 @@ struct Member {
 pub struct Scaling {
     pub namespace: String,
     pub name: String,
-    pub rules: Rules,
+    rules: Mutex<Rules>,
     state: Mutex<engine::State>,
     decisions: watch::Sender<Option<Decision>>,
     members: Mutex<Vec<Member>>,
@@ -81,7 +81,7 @@ impl Scaling {
         let scaling = Arc::new(Self {
             namespace: namespace.to_string(),
             name: name.to_string(),
-            rules,
+            rules: Mutex::new(rules),
             state: Mutex::new(engine::State::default()),
             decisions: watch::channel(None).0,
             members: Mutex::new(Vec::new()),
@@ -90,6 +90,16 @@ impl Scaling {
         });
         tokio::spawn(scaling.clone().run(clock));
         scaling
+    }
+
+    pub fn rules(&self) -> Rules {
+        self.rules.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the rules; the state (windows, cooldown) carries over.
+    pub fn set_rules(&self, rules: Rules) {
+        *self.rules.lock().unwrap_or_else(|e| e.into_inner()) = rules;
+        self.wake.notify_one();
     }
 
     /// Whether a trigger reporting `metric` already feeds this engine.
@@ -163,7 +173,6 @@ impl Scaling {
     /// at zero replicas a new reading is evaluated at once (scale from zero
     /// without delay), and a cooldown's end is evaluated when it comes.
     async fn run(self: Arc<Self>, clock: Clock) {
-        let interval = self.rules.polling_interval * 1000;
         let mut last: Option<Millis> = None;
         let mut pending = false;
         let mut deadline: Option<Millis> = None;
@@ -179,13 +188,14 @@ impl Scaling {
                 } => {}
             }
             let now = clock.now();
+            let interval = self.rules().polling_interval.saturating_mul(1000);
             let decision = self.decision();
             let at_zero = decision.as_ref().is_none_or(|d| d.replicas == 0);
             let cooldown_over = decision
                 .as_ref()
                 .and_then(|d| d.cooldown_ends)
                 .is_some_and(|end| now >= end);
-            let interval_over = last.is_none_or(|at| now >= at + interval);
+            let interval_over = last.is_none_or(|at| now >= at.saturating_add(interval));
             if (pending && (interval_over || at_zero)) || cooldown_over {
                 if let Some(decision) = self.evaluate(&clock) {
                     last = Some(now);
@@ -193,7 +203,10 @@ impl Scaling {
                     deadline = decision.cooldown_ends;
                 }
             } else if pending {
-                deadline = last.map(|at| at + interval);
+                // Keep an earlier cooldown end: it must not wait a whole interval.
+                let next_interval = last.map(|at| at.saturating_add(interval));
+                let cooldown_end = decision.as_ref().and_then(|d| d.cooldown_ends);
+                deadline = next_interval.into_iter().chain(cooldown_end).min();
             }
         }
     }
@@ -234,7 +247,7 @@ impl Scaling {
         }
         let decision = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            engine::decide(&mut state, &self.rules, &readings, clock.now())
+            engine::decide(&mut state, &self.rules(), &readings, clock.now())
         };
         let previous = self.decision();
         if previous

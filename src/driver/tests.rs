@@ -64,6 +64,7 @@ fn config(source: &Arc<Counter>, query_key: &str, interval_s: u64) -> TriggerCon
             scaler: "counter",
             metric_name: "counter".into(),
             target: 5.0,
+            target_key: "target",
             activation_target: 0.0,
             query: Query {
                 key: query_key.into(),
@@ -272,6 +273,7 @@ fn engine_config(source: Arc<Gauge>, metric: &str, rules: crate::engine::Rules) 
             scaler: "gauge",
             metric_name: metric.into(),
             target: 5.0,
+            target_key: "target",
             activation_target: 0.0,
             query: Query {
                 key: metric.into(),
@@ -312,7 +314,6 @@ async fn engine_mode_decides_per_scaled_object_on_every_poll() {
     // A second trigger of the same ScaledObject feeds the same engine.
     let other = Arc::new(Gauge::default());
     other.set(90.0);
-    let other_source = other.clone();
     let second = driver
         .track_parsed(
             key("worker").with_metadata("other"),
@@ -336,19 +337,33 @@ async fn engine_mode_decides_per_scaled_object_on_every_poll() {
         "the larger trigger wins"
     );
 
-    // Different rules on the same ScaledObject are refused, naming the key.
+    // An edit of the ScaledObject: new metadata for the `other` trigger with
+    // a lower maxReplicaCount. The old `other` goes at once (no clash on
+    // its metric), and the engine takes the new rules, keeping its state.
     let stricter = crate::engine::Rules {
-        max_replica_count: 5,
+        max_replica_count: 12,
         ..rules.clone()
     };
-    let err = driver
+    let edited_source = Arc::new(Gauge::default());
+    edited_source.set(90.0);
+    let edited = driver
         .track_parsed(
-            key("worker").with_metadata("third"),
-            engine_config(Arc::new(Gauge::default()), "third", stricter),
+            key("worker").with_metadata("other-edited"),
+            engine_config(edited_source.clone(), "other", stricter),
         )
-        .err()
         .unwrap();
-    assert!(err.to_string().contains("`maxReplicaCount`"), "{err}");
+    assert_eq!(driver.tracked().len(), 2, "the superseded trigger is gone");
+    assert_eq!(
+        edited.scaling.as_ref().unwrap().rules().max_replica_count,
+        12
+    );
+    advance(Duration::from_secs(31)).await;
+    let capped = edited.decision().await.unwrap();
+    assert_eq!(
+        (capped.replicas, capped.reason),
+        (12, crate::engine::Reason::TooManyReplicas)
+    );
+    let other_source = edited_source;
 
     // Quiet: held through the 300 s cooldown, then zero.
     queue.set(0.0);
@@ -357,7 +372,8 @@ async fn engine_mode_decides_per_scaled_object_on_every_poll() {
     advance(Duration::from_secs(61)).await;
     let quiet = tracked.decision().await.unwrap();
     assert!(quiet.active);
-    assert_eq!(quiet.reason, crate::engine::Reason::Cooldown);
+    assert_eq!(quiet.replicas, 12, "held within the cooldown: {quiet:?}");
+    assert!(quiet.cooldown_ends.is_some());
     advance(Duration::from_secs(300)).await;
     let zero = tracked.decision().await.unwrap();
     assert_eq!((zero.replicas, zero.active), (0, false));

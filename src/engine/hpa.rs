@@ -83,11 +83,12 @@ fn older(at: Millis, seconds: u32, now: Millis) -> bool {
 /// `getReplicasChangePerPeriod`: replicas added (or removed) by the events
 /// inside the period.
 pub fn replicas_change_in_period(period_seconds: u32, events: &[ScaleEvent], now: Millis) -> i32 {
-    events
+    let sum: i64 = events
         .iter()
         .filter(|event| within(event.at, period_seconds, now))
-        .map(|event| event.change)
-        .sum()
+        .map(|event| i64::from(event.change))
+        .sum();
+    sum.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
 }
 
 /// `calculateScaleUpLimitWithScalingRules`.
@@ -153,7 +154,10 @@ fn period_starts<'a>(
     rules.policies.iter().map(move |policy| {
         let added = replicas_change_in_period(policy.period_seconds, up_events, now);
         let removed = replicas_change_in_period(policy.period_seconds, down_events, now);
-        (policy, current - added + removed)
+        (
+            policy,
+            current.saturating_sub(added).saturating_add(removed),
+        )
     })
 }
 

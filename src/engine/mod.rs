@@ -20,9 +20,9 @@
 //! failures the `fallback` replica count applies.
 
 pub mod hpa;
-mod rules;
+pub mod rules;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -165,10 +165,12 @@ pub struct Decision {
 
 /// Evaluates the rules on the latest readings at `now`, updating `state`.
 pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Millis) -> Decision {
-    let cooldown = rules.cooldown_period * 1000;
-    let next_poll = now + rules.polling_interval * 1000;
+    let cooldown = rules.cooldown_period.saturating_mul(1000);
+    let next_poll = now.saturating_add(rules.polling_interval.saturating_mul(1000));
 
     let fallback_due = absorb(state, readings, rules.fallback.map(|f| f.failure_threshold));
+    // KEDA's fallback stands in for the failing trigger's metric only.
+    let fallback = rules.fallback.filter(|_| !fallback_due.is_empty());
     let errors: Vec<&Reading> = readings.iter().filter(|r| r.value.is_error()).collect();
     let values: Vec<(&Reading, f64)> = readings
         .iter()
@@ -187,7 +189,7 @@ pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Milli
         .map(|desired| desired.clamp(0, u32::MAX as i64) as u32);
     let cooldown_ends = state
         .last_active
-        .map(|at| at + cooldown)
+        .map(|at| at.saturating_add(cooldown))
         .filter(|end| *end > now);
     let active = active_now || cooldown_ends.is_some();
 
@@ -206,16 +208,15 @@ pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Milli
         stabilization_ends: None,
     };
 
-    let decision = if let Some(fallback) = fallback_due.then_some(rules.fallback).flatten() {
-        let replicas = fallback.replicas.min(max);
+    let decision = if let (0, Some(fallback)) = (current, fallback) {
+        // At zero, KEDA scales a ScaledObject whose metrics keep failing
+        // to its fallback count.
+        let replicas = fallback.replicas.clamp(min.max(1), max);
         outcome(
             replicas,
             Reason::Fallback,
-            format!(
-                "a trigger failed {} times in a row: running the fallback of {replicas} replicas",
-                fallback.failure_threshold
-            ),
-            replicas > 0,
+            fallback_message(&fallback_due, fallback, replicas),
+            true,
         )
     } else if current == 0 {
         if active_now {
@@ -249,7 +250,8 @@ pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Milli
             false,
         )
     } else {
-        let (replicas, reason, message) = scale_from(state, rules, current, &values, &errors, now);
+        let (replicas, reason, message) =
+            scale_from(state, rules, current, &values, &errors, &fallback_due, now);
         let (reason, message) = match reason {
             // Only the cooldown keeps the last replica(s) running.
             Reason::TooFewReplicas | Reason::ScaleDownStabilized
@@ -302,9 +304,10 @@ fn stabilization_ends(
         .max()
 }
 
-/// Records the readings; returns whether a fallback is due.
-fn absorb(state: &mut State, readings: &[Reading], threshold: Option<u32>) -> bool {
-    let mut due = false;
+/// Records the readings; returns the triggers whose consecutive failures
+/// are past the fallback threshold (KEDA: more than `failureThreshold`).
+fn absorb(state: &mut State, readings: &[Reading], threshold: Option<u32>) -> BTreeSet<String> {
+    let mut due = BTreeSet::new();
     for reading in readings {
         let trigger = state.triggers.entry(reading.trigger.clone()).or_default();
         let fresh = trigger.last_reading_at != Some(reading.at);
@@ -317,14 +320,26 @@ fn absorb(state: &mut State, readings: &[Reading], threshold: Option<u32>) -> bo
             Observation::Error(error) => {
                 trigger.last_error = Some(error.clone());
                 if fresh {
-                    trigger.consecutive_failures += 1;
+                    trigger.consecutive_failures = trigger.consecutive_failures.saturating_add(1);
                 }
             }
         }
         trigger.last_reading_at = Some(reading.at);
-        due |= threshold.is_some_and(|threshold| trigger.consecutive_failures >= threshold);
+        if threshold.is_some_and(|threshold| trigger.consecutive_failures > threshold) {
+            due.insert(reading.trigger.clone());
+        }
     }
     due
+}
+
+fn fallback_message(due: &BTreeSet<String>, fallback: Fallback, replicas: u32) -> String {
+    let names: Vec<&str> = due.iter().map(String::as_str).collect();
+    format!(
+        "{} failed more than {} times in a row: standing in with the fallback of {} replicas (running {replicas})",
+        names.join(", "),
+        fallback.failure_threshold,
+        fallback.replicas
+    )
 }
 
 fn failing(errors: &[&Reading]) -> String {
@@ -342,6 +357,7 @@ fn scale_from(
     current: u32,
     values: &[(&Reading, f64)],
     errors: &[&Reading],
+    fallback_due: &BTreeSet<String>,
     now: Millis,
 ) -> (u32, Reason, String) {
     let up = rules.scale_up();
@@ -368,7 +384,14 @@ fn scale_from(
             ))
         })
         .collect();
-    proposals.extend(errors.iter().map(|_| None));
+    // A failing trigger proposes nothing (so no scale-down happens), or,
+    // once its fallback is due, the fallback count.
+    let fallback = rules.fallback.filter(|_| !fallback_due.is_empty());
+    proposals.extend(errors.iter().map(|reading| {
+        fallback
+            .filter(|_| fallback_due.contains(&reading.trigger))
+            .map(|f| f.replicas.min(i32::MAX as u32) as i32)
+    }));
     let (min, max) = (args.min, args.max);
     let (replicas, reason, message) = match hpa_reconcile(state, &args, &proposals, now) {
         HpaOutcome::Snapped { replicas, limit } => {
@@ -446,6 +469,19 @@ fn scale_from(
                 ),
             }
         }
+    };
+    let (reason, message) = match fallback {
+        Some(fallback)
+            if !matches!(reason, Reason::TooManyReplicas | Reason::TriggerError)
+                && replicas as i64 == i64::from(fallback.replicas.max(1)) =>
+        {
+            let replicas = replicas.max(0) as u32;
+            (
+                Reason::Fallback,
+                fallback_message(fallback_due, fallback, replicas),
+            )
+        }
+        _ => (reason, message),
     };
     (replicas.max(0) as u32, reason, message)
 }

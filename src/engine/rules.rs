@@ -6,6 +6,11 @@ use serde::{Deserialize, Serialize};
 use super::hpa::{Policy, PolicyType, ScalingRules, SelectPolicy};
 use crate::metadata::{MetadataError, Origin, Params};
 
+/// The longest polling interval hoist accepts: one day.
+pub const MAX_POLLING_INTERVAL: u64 = 86_400;
+/// The longest cooldown hoist accepts: 30 days.
+pub const MAX_COOLDOWN_PERIOD: u64 = 30 * 86_400;
+
 /// The engine's rules, in the units and names of a ScaledObject.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
@@ -218,10 +223,16 @@ impl Rules {
                 "must be at least 0 and below 1",
             ));
         }
-        if self.polling_interval == 0 {
+        if !(1..=MAX_POLLING_INTERVAL).contains(&self.polling_interval) {
             return Err(MetadataError::invalid(
                 "pollingInterval",
-                "must be at least 1 (seconds)",
+                format!("must be 1 to {MAX_POLLING_INTERVAL} seconds"),
+            ));
+        }
+        if self.cooldown_period > MAX_COOLDOWN_PERIOD {
+            return Err(MetadataError::invalid(
+                "cooldownPeriod",
+                format!("must be at most {MAX_COOLDOWN_PERIOD} seconds (30 days)"),
             ));
         }
         for (direction, rules) in [
@@ -261,14 +272,6 @@ impl Rules {
                     format!("{direction}.tolerance must be at least 0 and below 1"),
                 ));
             }
-        }
-        if let Some(fallback) = self.fallback
-            && fallback.failure_threshold == 0
-        {
-            return Err(MetadataError::invalid(
-                "fallbackFailureThreshold",
-                "must be at least 1",
-            ));
         }
         Ok(())
     }

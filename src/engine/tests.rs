@@ -272,7 +272,7 @@ fn a_failing_trigger_blocks_scale_down_and_deactivation_but_not_scale_up() {
 }
 
 #[test]
-fn fallback_after_consecutive_failures_counting_each_reading_once() {
+fn fallback_stands_in_for_the_failing_trigger_after_more_than_threshold_failures() {
     let rules = Rules {
         fallback: Some(Fallback {
             failure_threshold: 3,
@@ -285,20 +285,59 @@ fn fallback_after_consecutive_failures_counting_each_reading_once() {
         active: true,
         ..Default::default()
     };
-    for t in [0, 0, 30, 30] {
+    for t in [0, 0, 30, 30, 60, 60] {
         let decision = decide(&mut state, &rules, &[failure("q", 5.0, s(t))], s(t + 1));
-        assert_ne!(
+        assert_eq!(
             decision.reason,
-            Reason::Fallback,
-            "only two distinct readings so far"
+            Reason::TriggerError,
+            "three distinct failures are not more than three"
         );
+        assert_eq!(decision.replicas, 2);
     }
-    let decision = decide(&mut state, &rules, &[failure("q", 5.0, s(60))], s(60));
-    assert_eq!((decision.replicas, decision.reason), (6, Reason::Fallback));
-    assert_eq!(state.triggers["q"].consecutive_failures, 3);
-    let recovered = decide(&mut state, &rules, &[reading("q", 40.0, 5.0, s(90))], s(90));
+    // The fourth: the fallback count stands in for the trigger, through
+    // the usual step-up limit (2 → 4 → 6).
+    let decision = decide(&mut state, &rules, &[failure("q", 5.0, s(90))], s(90));
+    assert_eq!(
+        (decision.replicas, decision.reason),
+        (4, Reason::ScaleUpLimit)
+    );
+    assert_eq!(state.triggers["q"].consecutive_failures, 4);
+    let decision = decide(&mut state, &rules, &[failure("q", 5.0, s(120))], s(120));
+    assert_eq!(
+        (decision.replicas, decision.reason, decision.active),
+        (6, Reason::Fallback, true)
+    );
+
+    // A healthy trigger asking for more wins over the fallback.
+    let decision = decide(
+        &mut state,
+        &rules,
+        &[
+            failure("q", 5.0, s(150)),
+            reading("other", 50.0, 5.0, s(150)),
+        ],
+        s(150),
+    );
+    assert_eq!(decision.replicas, 10);
+    let recovered = decide(
+        &mut state,
+        &rules,
+        &[reading("q", 40.0, 5.0, s(180))],
+        s(180),
+    );
     assert_ne!(recovered.reason, Reason::Fallback);
     assert_eq!(state.triggers["q"].consecutive_failures, 0);
+
+    // At zero, a ScaledObject whose trigger keeps failing gets the fallback.
+    let mut idle = State::default();
+    for t in [0, 30, 60] {
+        assert_eq!(
+            decide(&mut idle, &rules, &[failure("q", 5.0, s(t))], s(t)).replicas,
+            0
+        );
+    }
+    let woken = decide(&mut idle, &rules, &[failure("q", 5.0, s(90))], s(90));
+    assert_eq!((woken.replicas, woken.reason), (6, Reason::Fallback));
 }
 
 #[test]

@@ -231,14 +231,16 @@ async fn push_activation_edges(
     let mut active = false;
     loop {
         if let Some(now_active) = activity.current(&tracked) {
-            if now_active
-                && !active
-                && sender
-                    .send(Ok(IsActiveResponse { result: true }))
-                    .await
-                    .is_err()
-            {
-                return;
+            if now_active && !active {
+                // A client that stopped reading must not hold up shutdown.
+                tokio::select! {
+                    sent = sender.send(Ok(IsActiveResponse { result: true })) => {
+                        if sent.is_err() {
+                            return;
+                        }
+                    }
+                    _ = driver.shutting_down() => return,
+                }
             }
             active = now_active;
         }
