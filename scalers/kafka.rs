@@ -752,3 +752,72 @@ impl Source for KafkaSource {
         self.measure().boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::metadata::AuthParams;
+
+    fn config(metadata: &[(&str, &str)], auth: &[(&str, &str)]) -> KafkaConfig {
+        let metadata: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let auth: AuthParams = auth.iter().map(|(k, v)| (k.to_lowercase(), v.to_string())).collect();
+        parse_config(&Params::new(&metadata, &auth)).unwrap()
+    }
+
+    /// librdkafka checks its configuration when a client is created, so
+    /// creating one proves this build supports the mechanism (SCRAM and
+    /// TLS need OpenSSL compiled in).
+    #[test]
+    fn sasl_and_tls_settings_make_clients_librdkafka_accepts() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = rcgen::CertificateParams::new(vec!["kafka".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap()
+            .pem();
+        let base = [("bootstrapServers", "127.0.0.1:1"), ("consumerGroup", "g"), ("topic", "t")];
+        for (sasl, mechanism) in [("plaintext", "PLAIN"), ("scram_sha256", "SCRAM-SHA-256"), ("scram_sha512", "SCRAM-SHA-512")] {
+            for tls in ["enable", "disable"] {
+                let c = config(
+                    &base,
+                    &[("sasl", sasl), ("username", "u"), ("password", "p"), ("tls", tls), ("ca", &ca)],
+                );
+                let settings = client_config(&c).unwrap();
+                assert_eq!(settings.get("sasl.mechanism"), Some(mechanism));
+                let protocol = if tls == "enable" { "sasl_ssl" } else { "sasl_plaintext" };
+                assert_eq!(settings.get("security.protocol"), Some(protocol));
+                settings
+                    .create::<BaseConsumer>()
+                    .unwrap_or_else(|e| panic!("{sasl} with tls {tls}: {e}"));
+            }
+        }
+        let unsafe_tls = config(&[base[0], base[1], ("tls", "enable"), ("unsafeSsl", "true")], &[]);
+        let settings = client_config(&unsafe_tls).unwrap();
+        assert_eq!(settings.get("security.protocol"), Some("ssl"));
+        assert_eq!(settings.get("enable.ssl.certificate.verification"), Some("false"));
+        settings.create::<BaseConsumer>().unwrap();
+
+        let gssapi = config(
+            &base,
+            &[("sasl", "gssapi"), ("username", "u"), ("password", "p"), ("realm", "R"), ("kerberosConfig", "x")],
+        );
+        let err = client_config(&gssapi).err().unwrap();
+        assert!(err.to_string().contains("not supported"), "{err}");
+    }
+
+    #[test]
+    fn addresses_shaped_like_urls_are_refused_without_being_shown() {
+        let metadata: HashMap<String, String> = [
+            ("bootstrapServers", "kafka://user:hunter2@broker:9092"),
+            ("consumerGroup", "g"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let err = parse_config(&Params::new(&metadata, &AuthParams::new())).err().unwrap();
+        assert!(err.to_string().contains("`bootstrapServers`"), "{err}");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+}
