@@ -2,6 +2,7 @@
 //! behaviour. See README.md for the map of the layers.
 
 pub mod admin;
+pub mod azure;
 pub mod config;
 pub mod decide;
 pub mod driver;
