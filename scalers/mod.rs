@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 
 use crate::metadata::{MetadataError, Params};
 
-registry!(redis, kafka);
+registry!(redis, kafka, azure_servicebus);
 
 /// What one ScaledObject trigger measures, and what it compares it with.
 #[derive(Clone)]

@@ -56,7 +56,12 @@ fn as_hoist_sees_it(raw: &Value) -> Case {
         }
     }
     metadata.insert("scaler".into(), scaler.clone());
-    let auth = strings(&raw["authParams"]);
+    let mut auth = strings(&raw["authParams"]);
+    // KEDA's TriggerAuthentication `podIdentity.provider`: in hoist, a
+    // param of the auth profile.
+    if let Some(provider) = raw.get("podIdentity").and_then(Value::as_str) {
+        auth.insert("podIdentity".into(), provider.into());
+    }
     let mut profiles = BTreeMap::new();
     if !auth.is_empty() {
         metadata.insert("authRef".into(), PROFILE.into());
@@ -361,5 +366,77 @@ mod kafka {
             }
         }
         assert!(compared > 500, "only {compared} fields compared");
+    }
+}
+
+mod servicebus {
+    use hoist::metadata::Params;
+    use hoist::scalers::azure_servicebus::{Credential, Entity, Operation, parse_config};
+    use serde_json::{Value, json};
+
+    use super::{DEFAULTS, cases};
+
+    #[test]
+    fn keda_servicebus_cases() {
+        let all = cases("azure-servicebus");
+        let raw: Vec<Value> =
+            serde_json::from_str::<Vec<Value>>(include_str!("data/keda-metadata-cases.json"))
+                .unwrap()
+                .into_iter()
+                .filter(|r| r["scaler"] == "azure-servicebus")
+                .collect();
+        assert_eq!(all.len(), 36, "every Service Bus row runs");
+        let mut compared = 0;
+        for (case, raw) in all.iter().zip(&raw) {
+            let parsed = hoist::trigger::parse(&case.metadata, &case.profiles, DEFAULTS);
+            assert_eq!(
+                parsed.is_err(),
+                case.expect_error,
+                "{}: {:?}",
+                case.test,
+                parsed.as_ref().err()
+            );
+            let Ok(parsed) = parsed else { continue };
+            let auth = match case.metadata.get("authRef") {
+                Some(profile) => case.profiles.resolve(profile).unwrap(),
+                None => Default::default(),
+            };
+            let config = parse_config(&Params::new(&case.metadata, &auth)).unwrap();
+            let expected = case
+                .expect
+                .iter()
+                .chain(raw["derivedExpect"].as_object().into_iter().flatten());
+            for (name, expected) in expected {
+                let actual = match name.as_str() {
+                    "entityType" => json!(match config.entity {
+                        Entity::Queue { .. } => "queue",
+                        Entity::Subscription { .. } => "subscription",
+                    }),
+                    "fullyQualifiedNamespace" => json!(config.fully_qualified_namespace),
+                    "messageCount" => json!(config.message_count),
+                    "activationMessageCount" => json!(config.activation_message_count),
+                    "useRegex" => json!(config.pattern.is_some()),
+                    "operation" => json!(match config.operation {
+                        Operation::Sum => "sum",
+                        Operation::Max => "max",
+                        Operation::Avg => "avg",
+                    }),
+                    "connection" => match &config.credential {
+                        Credential::Connection(text) => json!(text.expose()),
+                        Credential::WorkloadIdentity { .. } => Value::Null,
+                    },
+                    "metricName" => json!(format!(
+                        "s{}-{}",
+                        case.trigger_index.unwrap_or(0),
+                        parsed.trigger.metric_name
+                    )),
+                    "targetAverageValue" => json!(parsed.trigger.target as i64),
+                    other => panic!("no Service Bus field for KEDA's `{other}`"),
+                };
+                assert_eq!(&actual, expected, "{}: `{name}`", case.test);
+                compared += 1;
+            }
+        }
+        assert!(compared > 100, "only {compared} fields compared");
     }
 }

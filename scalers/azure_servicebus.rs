@@ -1,0 +1,483 @@
+//! `scaler: azure-servicebus`: the active message count of a queue or a
+//! topic subscription, with the keys, defaults and validation of KEDA's
+//! built-in scaler, read from the management REST API.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use regex::Regex;
+use reqwest::StatusCode;
+use tokio::sync::Mutex;
+
+use super::{Kind, Measurement, ObserveError, Query, Source, Trigger, metric_name};
+use crate::azure::atom::{self, AtomError};
+use crate::azure::sas::{self, ConnectionString, SasAuth};
+use crate::metadata::{MetadataError, Origin, Params};
+use crate::secret::{Secret, fingerprint};
+
+pub static KIND: Kind = Kind {
+    scalers: &["azure-servicebus"],
+    parse,
+};
+
+const API_VERSION: &str = "2021-05";
+/// Entities per list page.
+const PAGE: usize = 100;
+/// The audience of Entra ID tokens for Service Bus.
+const SCOPE: &str = "https://servicebus.azure.net//.default";
+/// A token is renewed this long before it expires.
+const RENEW_BEFORE: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entity {
+    Queue { name: String },
+    Subscription { topic: String, name: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Sum,
+    Max,
+    Avg,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// A connection string (`connectionFromEnv` or the auth profile's
+    /// `connection`). Checked when first used, as KEDA does.
+    Connection(Secret),
+    /// Entra workload identity (or managed identity) for `namespace`.
+    WorkloadIdentity {
+        client_id: Option<String>,
+        tenant_id: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct ServiceBusConfig {
+    pub entity: Entity,
+    /// With `useRegex`: the pattern the queue or subscription name must match whole.
+    pub pattern: Option<Regex>,
+    pub operation: Operation,
+    pub message_count: i64,
+    pub activation_message_count: i64,
+    pub namespace: String,
+    /// With workload identity: `<namespace>.<endpointSuffix>`.
+    pub fully_qualified_namespace: Option<String>,
+    pub credential: Credential,
+}
+
+use Origin::{Auth, Env, Metadata};
+
+/// KEDA's `cloud` names and their Service Bus endpoint suffixes.
+fn endpoint_suffix(params: &Params) -> Result<String, MetadataError> {
+    let cloud = params
+        .string(&["cloud"], &[Metadata])
+        .unwrap_or_else(|| "AzurePublicCloud".to_string());
+    let suffix = match cloud.to_ascii_lowercase().as_str() {
+        "azurepubliccloud" => "servicebus.windows.net",
+        "azurechinacloud" => "servicebus.chinacloudapi.cn",
+        "azureusgovernmentcloud" => "servicebus.usgovcloudapi.net",
+        "azuregermancloud" => "servicebus.cloudapi.de",
+        "private" => {
+            return params
+                .string(&["endpointSuffix"], &[Metadata])
+                .ok_or_else(|| MetadataError::missing("endpointSuffix", "cloud `Private` needs an endpointSuffix"));
+        }
+        _ => {
+            return Err(MetadataError::invalid(
+                "cloud",
+                format!(
+                    "`{cloud}` is not AzurePublicCloud, AzureChinaCloud, AzureUSGovernmentCloud, AzureGermanCloud or Private"
+                ),
+            ));
+        }
+    };
+    Ok(suffix.to_string())
+}
+
+pub fn parse_config(params: &Params) -> Result<ServiceBusConfig, MetadataError> {
+    let message_count = params.number(&["messageCount"], &[Metadata], 5_i64)?;
+    let activation_message_count = params.number(&["activationMessageCount"], &[Metadata], 0_i64)?;
+    let string = |name: &str| params.string(&[name], &[Metadata]).unwrap_or_default();
+    let (queue, topic, subscription) = (string("queueName"), string("topicName"), string("subscriptionName"));
+    let namespace = string("namespace");
+    let use_regex = params.boolean(&["useRegex"], &[Metadata], false)?;
+    let operation = match params.find(&["operation"], &[Metadata]) {
+        None => Operation::Sum,
+        Some(found) => match found.value {
+            "sum" => Operation::Sum,
+            "max" => Operation::Max,
+            "avg" => Operation::Avg,
+            other => {
+                return Err(MetadataError::invalid(
+                    "operation",
+                    format!("`{other}` must be one of sum, max, avg"),
+                ));
+            }
+        },
+    };
+
+    let entity = match (queue.is_empty(), topic.is_empty(), subscription.is_empty()) {
+        (false, _, false) => {
+            return Err(MetadataError::invalid("subscriptionName", "given with queueName: use topicName for subscriptions"));
+        }
+        (false, false, _) => {
+            return Err(MetadataError::invalid("topicName", "given with queueName: name either a queue or a topic"));
+        }
+        (false, true, true) => Entity::Queue { name: queue },
+        (true, false, true) => {
+            return Err(MetadataError::missing("subscriptionName", "no subscription name given with topicName"));
+        }
+        (true, false, false) => Entity::Subscription {
+            topic,
+            name: subscription,
+        },
+        (true, true, _) => {
+            return Err(MetadataError::missing("queueName", "name a queue (queueName) or a subscription (topicName and subscriptionName)"));
+        }
+    };
+    let pattern = if use_regex {
+        let (key, text) = match &entity {
+            Entity::Queue { name } => ("queueName", name),
+            Entity::Subscription { name, .. } => ("subscriptionName", name),
+        };
+        let whole = format!("^(?:{text})$");
+        Some(Regex::new(&whole).map_err(|_| MetadataError::invalid(key, "is not a valid regular expression"))?)
+    } else {
+        None
+    };
+
+    let provider = params.string(&["podIdentity"], &[Auth, Metadata]).unwrap_or_default();
+    let (credential, fully_qualified_namespace) = match provider.as_str() {
+        "" | "none" => {
+            let connection = params.find(&["connection"], &[Auth, Env]).ok_or_else(|| {
+                MetadataError::missing(
+                    "connection",
+                    "no connection setting given: set connectionFromEnv, `connection` in the auth profile, or use workload identity",
+                )
+            })?;
+            (Credential::Connection(Secret::new(connection.value)), None)
+        }
+        "azure-workload" => {
+            if namespace.is_empty() {
+                return Err(MetadataError::missing("namespace", "namespace is required when using workload identity"));
+            }
+            let suffix = endpoint_suffix(params)?;
+            let identity = |name: &str| params.string(&[name], &[Auth, Metadata]);
+            (
+                Credential::WorkloadIdentity {
+                    client_id: identity("identityId"),
+                    tenant_id: identity("identityTenantId"),
+                },
+                Some(format!("{namespace}.{suffix}")),
+            )
+        }
+        other => {
+            return Err(MetadataError::invalid(
+                "podIdentity",
+                format!("azure service bus does not support pod identity `{other}`; use azure-workload"),
+            ));
+        }
+    };
+    Ok(ServiceBusConfig {
+        entity,
+        pattern,
+        operation,
+        message_count,
+        activation_message_count,
+        namespace,
+        fully_qualified_namespace,
+        credential,
+    })
+}
+
+fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError> {
+    let config = parse_config(params)?;
+    let name = match (&config.entity, config.pattern.is_some()) {
+        (Entity::Queue { .. }, true) => "queue-regex".to_string(),
+        (Entity::Subscription { .. }, true) => "topic-regex".to_string(),
+        (Entity::Queue { name }, false) => name.clone(),
+        (Entity::Subscription { topic, .. }, false) => topic.clone(),
+    };
+    let source = ServiceBusSource::new(config);
+    Ok(Trigger {
+        scaler,
+        metric_name: metric_name(&format!("azure-servicebus-{name}")),
+        target: source.config.message_count as f64,
+        target_key: "messageCount",
+        activation_target: source.config.activation_message_count as f64,
+        query: Query {
+            key: source.query_key(),
+            description: source.describe(),
+            source: Arc::new(source),
+        },
+    })
+}
+
+/// Path segments keep `/` (topic paths may hold one) and little else.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
+
+fn http_client() -> &'static reqwest::Client {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(15))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .user_agent(concat!("hoist/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .expect("the HTTP client builds with static settings")
+    })
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+pub struct ServiceBusSource {
+    config: ServiceBusConfig,
+    /// The `Authorization` value and when it stops being usable (Unix s).
+    token: Mutex<Option<(Secret, u64)>>,
+    identity: OnceLock<Arc<dyn azure_core::credentials::TokenCredential>>,
+}
+
+impl ServiceBusSource {
+    pub fn new(config: ServiceBusConfig) -> Self {
+        Self {
+            config,
+            token: Mutex::new(None),
+            identity: OnceLock::new(),
+        }
+    }
+
+    /// The namespace host as far as it is known without failing.
+    fn host_hint(&self) -> String {
+        match (&self.config.credential, &self.config.fully_qualified_namespace) {
+            (_, Some(host)) => host.clone(),
+            (Credential::Connection(text), None) => ConnectionString::parse(text.expose())
+                .map(|c| c.host)
+                .unwrap_or_else(|_| "an unusable connection string".to_string()),
+            (Credential::WorkloadIdentity { .. }, None) => self.config.namespace.clone(),
+        }
+    }
+
+    fn query_key(&self) -> String {
+        let credential = match &self.config.credential {
+            Credential::Connection(text) => format!("connection:{:x}", fingerprint(&[text])),
+            Credential::WorkloadIdentity { client_id, tenant_id } => format!("workload:{client_id:?}:{tenant_id:?}"),
+        };
+        format!(
+            "azure-servicebus|{}|{credential}|{:?}|regex={:?}|op={:?}",
+            self.host_hint(),
+            self.config.entity,
+            self.config.pattern.as_ref().map(Regex::as_str),
+            self.config.operation,
+        )
+    }
+
+    fn describe(&self) -> String {
+        let what = match (&self.config.entity, &self.config.pattern) {
+            (Entity::Queue { name }, None) => format!("queue `{name}`"),
+            (Entity::Queue { name }, Some(_)) => format!("queues matching `{name}`"),
+            (Entity::Subscription { topic, name }, None) => format!("subscription `{name}` of topic `{topic}`"),
+            (Entity::Subscription { topic, name }, Some(_)) => {
+                format!("subscriptions matching `{name}` of topic `{topic}`")
+            }
+        };
+        format!("azure-servicebus {what} in {}", self.host_hint())
+    }
+
+    /// `scheme://host` and the connection string's SAS, if any.
+    fn endpoint(&self) -> Result<(String, Option<SasAuth>), ObserveError> {
+        match &self.config.credential {
+            Credential::Connection(text) => {
+                let parsed = ConnectionString::parse(text.expose()).map_err(|e| ObserveError::Config(e.to_string()))?;
+                let scheme = if parsed.emulator { "http" } else { "https" };
+                Ok((format!("{scheme}://{}", parsed.host), Some(parsed.auth)))
+            }
+            Credential::WorkloadIdentity { .. } => {
+                let host = self.config.fully_qualified_namespace.clone().unwrap_or_default();
+                Ok((format!("https://{host}"), None))
+            }
+        }
+    }
+
+    async fn authorization(&self, base: &str, sas: Option<&SasAuth>) -> Result<Secret, ObserveError> {
+        let mut cached = self.token.lock().await;
+        let now = unix_now();
+        if let Some((token, usable_until)) = cached.as_ref()
+            && now < *usable_until
+        {
+            return Ok(token.clone());
+        }
+        let (token, expires) = match sas {
+            Some(SasAuth::Signature(signature)) => (signature.clone(), u64::MAX),
+            Some(SasAuth::Key { name, key }) => {
+                let expiry = now + 3600;
+                (sas::token(&format!("{base}/"), name, key, expiry), expiry)
+            }
+            None => self.entra_token().await?,
+        };
+        let usable_until = expires.saturating_sub(RENEW_BEFORE.as_secs());
+        *cached = Some((token.clone(), usable_until));
+        Ok(token)
+    }
+
+    async fn entra_token(&self) -> Result<(Secret, u64), ObserveError> {
+        let credential = match self.identity.get() {
+            Some(credential) => credential.clone(),
+            None => {
+                let Credential::WorkloadIdentity { client_id, tenant_id } = &self.config.credential else {
+                    return Err(ObserveError::Config("no credential".into()));
+                };
+                let options = azure_identity::WorkloadIdentityCredentialOptions {
+                    client_id: client_id.clone(),
+                    tenant_id: tenant_id.clone(),
+                    ..Default::default()
+                };
+                let credential: Arc<dyn azure_core::credentials::TokenCredential> =
+                    azure_identity::WorkloadIdentityCredential::new(Some(options))
+                        .map_err(|e| ObserveError::Config(format!("workload identity: {e}")))?;
+                self.identity.get_or_init(|| credential).clone()
+            }
+        };
+        let token = credential
+            .get_token(&[SCOPE], None)
+            .await
+            .map_err(|e| ObserveError::Auth(format!("workload identity: {e}")))?;
+        let expires = token.expires_on.unix_timestamp().max(0) as u64;
+        Ok((Secret::new(format!("Bearer {}", token.token.secret())), expires))
+    }
+
+    /// One GET, retried on 408, 429 and 5xx (and failed connections) with a
+    /// short backoff; a retry never outlives the driver's timeout, which
+    /// drops this future.
+    async fn get(&self, url: &str, auth: &Secret) -> Result<(StatusCode, String), ObserveError> {
+        let mut delay = Duration::from_millis(200);
+        for attempt in 1..=3 {
+            let sent = http_client()
+                .get(url)
+                .header(reqwest::header::AUTHORIZATION, auth.expose())
+                .send()
+                .await;
+            let retryable = match &sent {
+                Ok(response) => {
+                    let status = response.status();
+                    status == StatusCode::REQUEST_TIMEOUT
+                        || status == StatusCode::TOO_MANY_REQUESTS
+                        || status.is_server_error()
+                }
+                Err(error) => error.is_connect() || error.is_timeout(),
+            };
+            if retryable && attempt < 3 {
+                let wait = sent
+                    .as_ref()
+                    .ok()
+                    .and_then(|r| r.headers().get(reqwest::header::RETRY_AFTER))
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .map_or(delay, |s| Duration::from_secs(s).min(Duration::from_secs(2)));
+                tokio::time::sleep(wait).await;
+                delay *= 2;
+                continue;
+            }
+            let response = sent.map_err(|e| ObserveError::Connect(e.without_url().to_string()))?;
+            let status = response.status();
+            let body = response
+                .text()
+                .await
+                .map_err(|e| ObserveError::Connect(e.without_url().to_string()))?;
+            return Ok((status, body));
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// Turns a non-200 answer into an error that says what happened.
+    fn refused(&self, status: StatusCode, body: &str) -> ObserveError {
+        let detail = atom::error_detail(body).unwrap_or_else(|| "no detail in the response".to_string());
+        match status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ObserveError::Auth(format!(
+                "{status}: {detail} (the key or identity needs the Manage claim, or EntityRead, to read counts)"
+            )),
+            StatusCode::NOT_FOUND => ObserveError::Query(format!("does not exist ({status}): {detail}")),
+            _ => ObserveError::Query(format!("{status}: {detail}")),
+        }
+    }
+
+    async fn measure(&self) -> Result<Measurement, ObserveError> {
+        let (base, sas) = self.endpoint()?;
+        let auth = self.authorization(&base, sas.as_ref()).await?;
+        let count = match (&self.config.entity, &self.config.pattern) {
+            (entity, None) => {
+                let path = match entity {
+                    Entity::Queue { name } => encode(name),
+                    Entity::Subscription { topic, name } => format!("{}/Subscriptions/{}", encode(topic), encode(name)),
+                };
+                let url = format!("{base}/{path}?api-version={API_VERSION}");
+                let (status, body) = self.get(&url, &auth).await?;
+                if status != StatusCode::OK {
+                    return Err(self.refused(status, &body));
+                }
+                match atom::entity(&body) {
+                    Ok(entity) => entity.active_message_count,
+                    Err(AtomError::Empty) => return Err(ObserveError::Query("does not exist (an empty feed)".into())),
+                    Err(error) => return Err(ObserveError::Query(error.to_string())),
+                }
+            }
+            (entity, Some(pattern)) => {
+                let list = match entity {
+                    Entity::Queue { .. } => "$Resources/Queues".to_string(),
+                    Entity::Subscription { topic, .. } => format!("{}/Subscriptions", encode(topic)),
+                };
+                let mut counts = Vec::new();
+                for page in 0.. {
+                    let url = format!(
+                        "{base}/{list}?$skip={}&$top={PAGE}&api-version={API_VERSION}",
+                        page * PAGE
+                    );
+                    let (status, body) = self.get(&url, &auth).await?;
+                    if status != StatusCode::OK {
+                        return Err(self.refused(status, &body));
+                    }
+                    let entities = atom::feed(&body).map_err(|e| ObserveError::Query(e.to_string()))?;
+                    let full = entities.len() >= PAGE;
+                    counts.extend(
+                        entities
+                            .into_iter()
+                            .filter(|e| pattern.is_match(&e.name))
+                            .map(|e| e.active_message_count),
+                    );
+                    if !full {
+                        break;
+                    }
+                }
+                combine(&counts, self.config.operation)
+            }
+        };
+        Ok(Measurement::of(count as f64))
+    }
+}
+
+fn encode(segment: &str) -> String {
+    utf8_percent_encode(segment, SEGMENT).to_string()
+}
+
+/// KEDA's `performOperation`: sum, max, or the integer average.
+pub fn combine(counts: &[i64], operation: Operation) -> i64 {
+    match operation {
+        Operation::Sum => counts.iter().sum(),
+        Operation::Max => counts.iter().copied().max().unwrap_or(0).max(0),
+        Operation::Avg if counts.is_empty() => 0,
+        Operation::Avg => counts.iter().sum::<i64>() / counts.len() as i64,
+    }
+}
+
+impl Source for ServiceBusSource {
+    fn observe(&self) -> BoxFuture<'_, Result<Measurement, ObserveError>> {
+        self.measure().boxed()
+    }
+}
