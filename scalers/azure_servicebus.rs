@@ -221,19 +221,6 @@ fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError
 /// Path segments keep `/` (topic paths may hold one) and little else.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
 
-fn http_client() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(15))
-            .pool_idle_timeout(Duration::from_secs(90))
-            .user_agent(concat!("hoist/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .expect("the HTTP client builds with static settings")
-    })
-}
-
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -353,49 +340,6 @@ impl ServiceBusSource {
         Ok((Secret::new(format!("Bearer {}", token.token.secret())), expires))
     }
 
-    /// One GET, retried on 408, 429 and 5xx (and failed connections) with a
-    /// short backoff; a retry never outlives the driver's timeout, which
-    /// drops this future.
-    async fn get(&self, url: &str, auth: &Secret) -> Result<(StatusCode, String), ObserveError> {
-        let mut delay = Duration::from_millis(200);
-        for attempt in 1..=3 {
-            let sent = http_client()
-                .get(url)
-                .header(reqwest::header::AUTHORIZATION, auth.expose())
-                .send()
-                .await;
-            let retryable = match &sent {
-                Ok(response) => {
-                    let status = response.status();
-                    status == StatusCode::REQUEST_TIMEOUT
-                        || status == StatusCode::TOO_MANY_REQUESTS
-                        || status.is_server_error()
-                }
-                Err(error) => error.is_connect() || error.is_timeout(),
-            };
-            if retryable && attempt < 3 {
-                let wait = sent
-                    .as_ref()
-                    .ok()
-                    .and_then(|r| r.headers().get(reqwest::header::RETRY_AFTER))
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .map_or(delay, |s| Duration::from_secs(s).min(Duration::from_secs(2)));
-                tokio::time::sleep(wait).await;
-                delay *= 2;
-                continue;
-            }
-            let response = sent.map_err(|e| ObserveError::Connect(e.without_url().to_string()))?;
-            let status = response.status();
-            let body = response
-                .text()
-                .await
-                .map_err(|e| ObserveError::Connect(e.without_url().to_string()))?;
-            return Ok((status, body));
-        }
-        unreachable!("the last attempt returns")
-    }
-
     /// Turns a non-200 answer into an error that says what happened.
     fn refused(&self, status: StatusCode, body: &str) -> ObserveError {
         let detail = atom::error_detail(body).unwrap_or_else(|| "no detail in the response".to_string());
@@ -418,7 +362,7 @@ impl ServiceBusSource {
                     Entity::Subscription { topic, name } => format!("{}/Subscriptions/{}", encode(topic), encode(name)),
                 };
                 let url = format!("{base}/{path}?api-version={API_VERSION}");
-                let (status, body) = self.get(&url, &auth).await?;
+                let (status, body) = crate::azure::client::get(&url, &auth).await?;
                 if status != StatusCode::OK {
                     return Err(self.refused(status, &body));
                 }
@@ -439,7 +383,7 @@ impl ServiceBusSource {
                         "{base}/{list}?$skip={}&$top={PAGE}&api-version={API_VERSION}",
                         page * PAGE
                     );
-                    let (status, body) = self.get(&url, &auth).await?;
+                    let (status, body) = crate::azure::client::get(&url, &auth).await?;
                     if status != StatusCode::OK {
                         return Err(self.refused(status, &body));
                     }

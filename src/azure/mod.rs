@@ -4,4 +4,5 @@
 //! client), so this is the least that works.
 
 pub mod atom;
+pub mod client;
 pub mod sas;
