@@ -49,11 +49,15 @@ pub enum Credential {
     /// A connection string (`connectionFromEnv` or the auth profile's
     /// `connection`). Checked when first used, as KEDA does.
     Connection(Secret),
-    /// Entra workload identity (or managed identity) for `namespace`.
+    /// Entra workload identity for `namespace` (KEDA's `azure-workload`).
     WorkloadIdentity {
         client_id: Option<String>,
         tenant_id: Option<String>,
     },
+    /// The managed identity of the node or VM hoist runs on
+    /// (`azure-managed`, hoist's own): system-assigned, or the
+    /// user-assigned one whose client ID is `identityId`.
+    ManagedIdentity { client_id: Option<String> },
 }
 
 #[derive(Debug, Clone)]
@@ -162,24 +166,28 @@ pub fn parse_config(params: &Params) -> Result<ServiceBusConfig, MetadataError> 
             })?;
             (Credential::Connection(Secret::new(connection.value)), None)
         }
-        "azure-workload" => {
+        "azure-workload" | "azure-managed" => {
             if namespace.is_empty() {
-                return Err(MetadataError::missing("namespace", "namespace is required when using workload identity"));
+                return Err(MetadataError::missing("namespace", "namespace is required when using pod identity"));
             }
             let suffix = endpoint_suffix(params)?;
             let identity = |name: &str| params.string(&[name], &[Auth, Metadata]);
-            (
+            let credential = if provider == "azure-workload" {
                 Credential::WorkloadIdentity {
                     client_id: identity("identityId"),
                     tenant_id: identity("identityTenantId"),
-                },
-                Some(format!("{namespace}.{suffix}")),
-            )
+                }
+            } else {
+                Credential::ManagedIdentity {
+                    client_id: identity("identityId"),
+                }
+            };
+            (credential, Some(format!("{namespace}.{suffix}")))
         }
         other => {
             return Err(MetadataError::invalid(
                 "podIdentity",
-                format!("azure service bus does not support pod identity `{other}`; use azure-workload"),
+                format!("azure service bus does not support pod identity `{other}`; use azure-workload or azure-managed"),
             ));
         }
     };
@@ -248,7 +256,7 @@ impl ServiceBusSource {
             (Credential::Connection(text), None) => ConnectionString::parse(text.expose())
                 .map(|c| c.host)
                 .unwrap_or_else(|_| "an unusable connection string".to_string()),
-            (Credential::WorkloadIdentity { .. }, None) => self.config.namespace.clone(),
+            (_, None) => self.config.namespace.clone(),
         }
     }
 
@@ -256,6 +264,7 @@ impl ServiceBusSource {
         let credential = match &self.config.credential {
             Credential::Connection(text) => format!("connection:{:x}", fingerprint(&[text])),
             Credential::WorkloadIdentity { client_id, tenant_id } => format!("workload:{client_id:?}:{tenant_id:?}"),
+            Credential::ManagedIdentity { client_id } => format!("managed:{client_id:?}"),
         };
         format!(
             "azure-servicebus|{}|{credential}|{:?}|regex={:?}|op={:?}",
@@ -286,7 +295,7 @@ impl ServiceBusSource {
                 let scheme = if parsed.emulator { "http" } else { "https" };
                 Ok((format!("{scheme}://{}", parsed.host), Some(parsed.auth)))
             }
-            Credential::WorkloadIdentity { .. } => {
+            Credential::WorkloadIdentity { .. } | Credential::ManagedIdentity { .. } => {
                 let host = self.config.fully_qualified_namespace.clone().unwrap_or_default();
                 Ok((format!("https://{host}"), None))
             }
@@ -318,24 +327,33 @@ impl ServiceBusSource {
         let credential = match self.identity.get() {
             Some(credential) => credential.clone(),
             None => {
-                let Credential::WorkloadIdentity { client_id, tenant_id } = &self.config.credential else {
-                    return Err(ObserveError::Config("no credential".into()));
+                let credential: Arc<dyn azure_core::credentials::TokenCredential> = match &self.config.credential {
+                    Credential::WorkloadIdentity { client_id, tenant_id } => {
+                        let options = azure_identity::WorkloadIdentityCredentialOptions {
+                            client_id: client_id.clone(),
+                            tenant_id: tenant_id.clone(),
+                            ..Default::default()
+                        };
+                        azure_identity::WorkloadIdentityCredential::new(Some(options))
+                            .map_err(|e| ObserveError::Config(format!("workload identity: {e}")))?
+                    }
+                    Credential::ManagedIdentity { client_id } => {
+                        let options = azure_identity::ManagedIdentityCredentialOptions {
+                            user_assigned_id: client_id.clone().map(azure_identity::UserAssignedId::ClientId),
+                            ..Default::default()
+                        };
+                        azure_identity::ManagedIdentityCredential::new(Some(options))
+                            .map_err(|e| ObserveError::Config(format!("managed identity: {e}")))?
+                    }
+                    Credential::Connection(_) => return Err(ObserveError::Config("no Entra identity configured".into())),
                 };
-                let options = azure_identity::WorkloadIdentityCredentialOptions {
-                    client_id: client_id.clone(),
-                    tenant_id: tenant_id.clone(),
-                    ..Default::default()
-                };
-                let credential: Arc<dyn azure_core::credentials::TokenCredential> =
-                    azure_identity::WorkloadIdentityCredential::new(Some(options))
-                        .map_err(|e| ObserveError::Config(format!("workload identity: {e}")))?;
                 self.identity.get_or_init(|| credential).clone()
             }
         };
         let token = credential
             .get_token(&[SCOPE], None)
             .await
-            .map_err(|e| ObserveError::Auth(format!("workload identity: {e}")))?;
+            .map_err(|e| ObserveError::Auth(format!("Entra token: {e}")))?;
         let expires = token.expires_on.unix_timestamp().max(0) as u64;
         Ok((Secret::new(format!("Bearer {}", token.token.secret())), expires))
     }
@@ -423,5 +441,48 @@ pub fn combine(counts: &[i64], operation: Operation) -> i64 {
 impl Source for ServiceBusSource {
     fn observe(&self) -> BoxFuture<'_, Result<Measurement, ObserveError>> {
         self.measure().boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::metadata::AuthParams;
+
+    fn parse_pairs(metadata: &[(&str, &str)], auth: &[(&str, &str)]) -> Result<ServiceBusConfig, MetadataError> {
+        let metadata: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let auth: AuthParams = auth.iter().map(|(k, v)| (k.to_lowercase(), v.to_string())).collect();
+        parse_config(&Params::new(&metadata, &auth))
+    }
+
+    #[test]
+    fn managed_identity_is_hoists_own_provider() {
+        let config = parse_pairs(
+            &[("queueName", "q"), ("namespace", "orders"), ("identityId", "client-1"), ("cloud", "AzureChinaCloud")],
+            &[("podIdentity", "azure-managed")],
+        )
+        .unwrap();
+        assert_eq!(
+            config.credential,
+            Credential::ManagedIdentity {
+                client_id: Some("client-1".into())
+            }
+        );
+        assert_eq!(config.fully_qualified_namespace.as_deref(), Some("orders.servicebus.chinacloudapi.cn"));
+        let err = parse_pairs(&[("queueName", "q"), ("namespace", "n")], &[("podIdentity", "aad-pod-identity")])
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("`podIdentity`"), "{err}");
+    }
+
+    #[test]
+    fn operations_follow_keda() {
+        assert_eq!(combine(&[3, 9, 4], Operation::Sum), 16);
+        assert_eq!(combine(&[3, 9, 4], Operation::Max), 9);
+        assert_eq!(combine(&[3, 9, 4], Operation::Avg), 5);
+        assert_eq!(combine(&[], Operation::Avg), 0);
+        assert_eq!(combine(&[], Operation::Max), 0);
     }
 }

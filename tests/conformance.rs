@@ -423,7 +423,8 @@ mod servicebus {
                     }),
                     "connection" => match &config.credential {
                         Credential::Connection(text) => json!(text.expose()),
-                        Credential::WorkloadIdentity { .. } => Value::Null,
+                        Credential::WorkloadIdentity { .. }
+                        | Credential::ManagedIdentity { .. } => Value::Null,
                     },
                     "metricName" => json!(format!(
                         "s{}-{}",
