@@ -485,3 +485,45 @@ async fn workload_identity_without_the_pod_setup_says_what_is_missing() {
         status.message()
     );
 }
+
+#[tokio::test]
+async fn regex_mode_over_a_topics_subscriptions() {
+    let namespace = FakeNamespace::default();
+    namespace.answer(
+        "/events/Subscriptions",
+        vec![(
+            200,
+            fixture("subscriptions-list-feed.active1-dlq1.api2017-04.dotnet.xml"),
+        )],
+    );
+    let addr = namespace.start().await;
+    let hoist = Hoist::start().await;
+    let all = object(
+        "all-subscriptions",
+        &[
+            ("scaler", "azure-servicebus"),
+            ("topicName", "events"),
+            ("subscriptionName", "[0-9a-f]{8}"),
+            ("useRegex", "true"),
+            ("connectionFromEnv", &connection(addr)),
+        ],
+    );
+    let spec = hoist
+        .client()
+        .await
+        .get_metric_spec(all.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        spec.metric_specs[0].metric_name,
+        "azure-servicebus-topic-regex"
+    );
+    // The recorded subscription `65cea5d4` holds one active message.
+    assert_eq!(count(&hoist, &all).await.unwrap(), 1.0);
+    let seen = namespace.seen();
+    assert_eq!(
+        seen[0].path_and_query,
+        "/events/Subscriptions?$skip=0&$top=100&api-version=2021-05"
+    );
+}
