@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use hoist::proto::{GetMetricsRequest, ScaledObjectRef};
+use hoist::proto::ScaledObjectRef;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::mocking::MockCluster;
@@ -53,27 +53,11 @@ fn commit(bootstrap: &str, group: &str, topic: &str, offsets: &[(i32, i64)]) {
 }
 
 async fn lag(hoist: &Hoist, object: &ScaledObjectRef) -> Result<f64, tonic::Status> {
-    let response = hoist
-        .client()
-        .await
-        .get_metrics(GetMetricsRequest {
-            scaled_object_ref: Some(object.clone()),
-            metric_name: String::new(),
-        })
-        .await?
-        .into_inner();
-    Ok(response.metric_values[0].metric_value_float)
+    Ok(hoist.metric(object).await?.1)
 }
 
 async fn active(hoist: &Hoist, object: &ScaledObjectRef) -> bool {
-    hoist
-        .client()
-        .await
-        .is_active(object.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .result
+    hoist.active(object).await.unwrap()
 }
 
 fn trigger<'a>(name: &'a str, bootstrap: &'a str, extra: &[(&'a str, &'a str)]) -> ScaledObjectRef {

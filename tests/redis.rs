@@ -12,28 +12,11 @@ use tokio_stream::StreamExt;
 use tonic::Code;
 
 async fn metric(hoist: &Hoist, object: &ScaledObjectRef) -> Result<(i64, f64), tonic::Status> {
-    let response = hoist
-        .client()
-        .await
-        .get_metrics(GetMetricsRequest {
-            scaled_object_ref: Some(object.clone()),
-            metric_name: String::new(),
-        })
-        .await?
-        .into_inner();
-    assert_eq!(response.metric_values.len(), 1);
-    let value = &response.metric_values[0];
-    Ok((value.metric_value, value.metric_value_float))
+    hoist.metric(object).await
 }
 
 async fn active(hoist: &Hoist, object: &ScaledObjectRef) -> Result<bool, tonic::Status> {
-    Ok(hoist
-        .client()
-        .await
-        .is_active(object.clone())
-        .await?
-        .into_inner()
-        .result)
+    hoist.active(object).await
 }
 
 /// Retries `check` every 100 ms for up to 15 s of real time.

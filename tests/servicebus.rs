@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::Response;
-use hoist::proto::{GetMetricsRequest, ScaledObjectRef};
+use hoist::proto::ScaledObjectRef;
 use hoist::secret::Secret;
 use support::{Hoist, object};
 use tonic::Code;
@@ -116,16 +116,7 @@ fn connection(addr: SocketAddr) -> String {
 }
 
 async fn count(hoist: &Hoist, object: &ScaledObjectRef) -> Result<f64, tonic::Status> {
-    let response = hoist
-        .client()
-        .await
-        .get_metrics(GetMetricsRequest {
-            scaled_object_ref: Some(object.clone()),
-            metric_name: String::new(),
-        })
-        .await?
-        .into_inner();
-    Ok(response.metric_values[0].metric_value_float)
+    Ok(hoist.metric(object).await?.1)
 }
 
 fn queue(name: &str, connection: &str, extra: &[(&str, &str)]) -> ScaledObjectRef {

@@ -374,6 +374,33 @@ impl Hoist {
     pub async fn get(&self, path: &str) -> (u16, String) {
         http_get(self.admin, path).await
     }
+
+    /// `GetMetrics` for `object`: the int and the float value.
+    pub async fn metric(&self, object: &ScaledObjectRef) -> Result<(i64, f64), tonic::Status> {
+        let response = self
+            .client()
+            .await
+            .get_metrics(hoist::proto::GetMetricsRequest {
+                scaled_object_ref: Some(object.clone()),
+                metric_name: String::new(),
+            })
+            .await?
+            .into_inner();
+        assert_eq!(response.metric_values.len(), 1, "one value per trigger");
+        let value = &response.metric_values[0];
+        Ok((value.metric_value, value.metric_value_float))
+    }
+
+    /// `IsActive` for `object`.
+    pub async fn active(&self, object: &ScaledObjectRef) -> Result<bool, tonic::Status> {
+        Ok(self
+            .client()
+            .await
+            .is_active(object.clone())
+            .await?
+            .into_inner()
+            .result)
+    }
 }
 
 impl Drop for Hoist {
