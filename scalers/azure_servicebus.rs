@@ -221,6 +221,7 @@ fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError
         query: Query {
             key: source.query_key(),
             description: source.describe(),
+            endpoints: source.endpoints(),
             source: Arc::new(source),
         },
     })
@@ -258,6 +259,19 @@ impl ServiceBusSource {
                 .unwrap_or_else(|_| "an unusable connection string".to_string()),
             (_, None) => self.config.namespace.clone(),
         }
+    }
+
+    /// The namespace host, when it is known before the first call.
+    fn endpoints(&self) -> Vec<String> {
+        let host = match (&self.config.credential, &self.config.fully_qualified_namespace) {
+            (_, Some(host)) => host.clone(),
+            (Credential::Connection(text), None) => match ConnectionString::parse(text.expose()) {
+                Ok(parsed) => parsed.host,
+                Err(_) => return Vec::new(),
+            },
+            _ => return Vec::new(),
+        };
+        if host.contains(':') { vec![host] } else { vec![format!("{host}:443")] }
     }
 
     fn query_key(&self) -> String {

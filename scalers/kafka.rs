@@ -371,6 +371,7 @@ fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError
         query: Query {
             key: query_key(&config),
             description: describe(&config),
+            endpoints: config.bootstrap_servers.clone(),
             source: Arc::new(KafkaSource::new(config)),
         },
     })

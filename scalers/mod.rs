@@ -38,6 +38,9 @@ pub struct Query {
     pub key: String,
     /// For logs, errors and status: names the source, never a secret.
     pub description: String,
+    /// The `host:port` addresses hoist will contact, checked against
+    /// `limits.allowed_sources`.
+    pub endpoints: Vec<String>,
     pub source: Arc<dyn Source>,
 }
 

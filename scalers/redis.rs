@@ -199,6 +199,7 @@ fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError
         query: Query {
             key: query_key(scaler, &config),
             description: describe(scaler, &config),
+            endpoints: endpoints(&config),
             source: std::sync::Arc::new(RedisSource::new(config)),
         },
     })
@@ -237,6 +238,16 @@ fn describe(scaler: &str, c: &RedisConfig) -> String {
             c.addresses.join(",")
         ),
     }
+}
+
+/// The addresses hoist will dial, as `host:port`.
+fn endpoints(c: &RedisConfig) -> Vec<String> {
+    let in_use = if c.mode == Mode::Standalone { &c.addresses[..1] } else { &c.addresses[..] };
+    in_use
+        .iter()
+        .filter_map(|address| split_host_port(address).ok())
+        .map(|(host, port)| join_host_port(&host, &port.to_string()))
+        .collect()
 }
 
 /// `net.JoinHostPort`: brackets around IPv6 hosts.

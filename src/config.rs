@@ -26,6 +26,7 @@ pub struct Settings {
     pub admin: AdminSettings,
     pub log: LogSettings,
     pub polling: PollingSettings,
+    pub limits: LimitSettings,
     /// How long shutdown may take before hoist exits anyway.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -74,6 +75,29 @@ pub struct PollingSettings {
     pub idle_after: Duration,
 }
 
+/// Bounds on what ScaledObjects can ask of hoist.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitSettings {
+    /// Largest trigger (name, namespace and metadata keys and values), in bytes.
+    pub max_metadata_bytes: usize,
+    /// Most triggers tracked at once; more get `ResourceExhausted`.
+    pub max_tracked_triggers: usize,
+    /// `host:port` patterns (`*` matches any run of characters, in host or
+    /// port) a trigger may point hoist at; empty allows every source.
+    pub allowed_sources: Vec<String>,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        Self {
+            max_metadata_bytes: 64 * 1024,
+            max_tracked_triggers: 100_000,
+            allowed_sources: Vec::new(),
+        }
+    }
+}
+
 /// One auth profile: KEDA auth param names (`password`, `username`,
 /// `sentinelPassword`, `ca`, `cert`, `key`, ...) to where their values are.
 pub type AuthProfile = BTreeMap<String, AuthValue>;
@@ -94,6 +118,7 @@ impl Default for Settings {
             admin: AdminSettings::default(),
             log: LogSettings::default(),
             polling: PollingSettings::default(),
+            limits: LimitSettings::default(),
             shutdown_grace: Duration::from_secs(10),
             auth: BTreeMap::new(),
         }
@@ -207,6 +232,12 @@ impl Settings {
                     reason: "must be more than zero".to_string(),
                 });
             }
+        }
+        for pattern in &self.limits.allowed_sources {
+            crate::driver::SourcePattern::new(pattern).map_err(|reason| ConfigError::Invalid {
+                key: "limits.allowed_sources".to_string(),
+                reason,
+            })?;
         }
         let day = Duration::from_secs(crate::engine::rules::MAX_POLLING_INTERVAL);
         if self.polling.default_interval > day {

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::config::Settings;
-use crate::driver::{Driver, DriverSettings, TriggerValues};
+use crate::driver::{Driver, DriverSettings, SourcePattern, TriggerValues};
 use crate::grpc::ScalerService;
 use crate::metrics::Metrics;
 use crate::proto::external_scaler_server::ExternalScalerServer;
@@ -89,6 +89,14 @@ impl Server {
                     timeout: settings.polling.default_timeout,
                 },
                 idle_after: settings.polling.idle_after,
+                max_metadata_bytes: settings.limits.max_metadata_bytes,
+                max_tracked_triggers: settings.limits.max_tracked_triggers,
+                allowed_sources: settings
+                    .limits
+                    .allowed_sources
+                    .iter()
+                    .filter_map(|pattern| SourcePattern::new(pattern).ok())
+                    .collect(),
             },
             settings.auth_profiles(),
             metrics.clone(),

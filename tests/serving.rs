@@ -130,3 +130,71 @@ async fn admin_endpoints_answer_and_metrics_cover_rpcs_triggers_and_polls() {
         );
     }
 }
+
+#[tokio::test]
+async fn limits_refuse_oversized_metadata_too_many_triggers_and_unlisted_sources() {
+    let redis = RedisServer::start();
+    let mut settings = hoist::config::Settings::default();
+    settings.limits.max_metadata_bytes = 400;
+    settings.limits.max_tracked_triggers = 2;
+    settings.limits.allowed_sources = vec!["127.0.0.1:*".into(), "*.svc.cluster.local:6379".into()];
+    let hoist = Hoist::start_with(settings).await;
+    let mut client = hoist.client().await;
+    let redis_on = |name: &str, address: &str| {
+        object(
+            name,
+            &[
+                ("scaler", "redis"),
+                ("address", address),
+                ("listName", "jobs"),
+            ],
+        )
+    };
+
+    client
+        .get_metric_spec(redis_on("first", &redis.address()))
+        .await
+        .unwrap();
+
+    let elsewhere = client
+        .get_metric_spec(redis_on("elsewhere", "redis.example.com:6379"))
+        .await
+        .unwrap_err();
+    assert_eq!(elsewhere.code(), tonic::Code::PermissionDenied);
+    assert!(
+        elsewhere.message().contains("redis.example.com:6379"),
+        "{}",
+        elsewhere.message()
+    );
+
+    let padding = "x".repeat(500);
+    let mut large = redis_on("large", &redis.address());
+    large.scaler_metadata.insert("note".into(), padding);
+    let large = client.get_metric_spec(large).await.unwrap_err();
+    assert_eq!(large.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        large.message().contains("max_metadata_bytes"),
+        "{}",
+        large.message()
+    );
+
+    client
+        .get_metric_spec(redis_on("second", &redis.address()))
+        .await
+        .unwrap();
+    let third = client
+        .get_metric_spec(redis_on("third", &redis.address()))
+        .await
+        .unwrap_err();
+    assert_eq!(third.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        third.message().contains("max_tracked_triggers"),
+        "{}",
+        third.message()
+    );
+    // Known triggers are still answered.
+    client
+        .get_metric_spec(redis_on("first", &redis.address()))
+        .await
+        .unwrap();
+}

@@ -35,6 +35,87 @@ pub struct DriverSettings {
     pub defaults: Defaults,
     /// A trigger nobody asked about for this long is dropped.
     pub idle_after: Duration,
+    pub max_metadata_bytes: usize,
+    pub max_tracked_triggers: usize,
+    /// Empty: every source is allowed.
+    pub allowed_sources: Vec<SourcePattern>,
+}
+
+impl DriverSettings {
+    /// No limits beyond the defaults' own; for tests and tools.
+    pub fn unlimited(defaults: Defaults, idle_after: Duration) -> Self {
+        Self {
+            defaults,
+            idle_after,
+            max_metadata_bytes: usize::MAX,
+            max_tracked_triggers: usize::MAX,
+            allowed_sources: Vec::new(),
+        }
+    }
+}
+
+/// A `host:port` pattern of `limits.allowed_sources`.
+#[derive(Debug, Clone)]
+pub struct SourcePattern {
+    pattern: regex::Regex,
+}
+
+impl SourcePattern {
+    pub fn new(text: &str) -> Result<Self, String> {
+        let (host, port) = text
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{text}` is not host:port (use `*` for any port)"))?;
+        if host.is_empty() || (port != "*" && port.parse::<u16>().is_err()) {
+            return Err(format!("`{text}` is not host:port (use `*` for any port)"));
+        }
+        let glob = |part: &str| regex::escape(part).replace("\\*", ".*");
+        let pattern = regex::Regex::new(&format!("^{}:{}$", glob(host), glob(port)))
+            .map_err(|e| format!("`{text}`: {e}"))?;
+        Ok(Self { pattern })
+    }
+
+    pub fn allows(&self, endpoint: &str) -> bool {
+        self.pattern.is_match(&endpoint.to_ascii_lowercase())
+    }
+}
+
+#[cfg(test)]
+mod pattern_tests {
+    use super::SourcePattern;
+
+    #[test]
+    fn host_and_port_globs() {
+        let cluster = SourcePattern::new("*.svc.cluster.local:*").unwrap();
+        assert!(cluster.allows("redis.orders.svc.cluster.local:6379"));
+        assert!(!cluster.allows("redis.example.com:6379"));
+        assert!(!cluster.allows("svc.cluster.local.evil.com:6379"));
+        let exact = SourcePattern::new("kafka-?.prod:9092").unwrap();
+        assert!(exact.allows("kafka-?.prod:9092"));
+        assert!(!exact.allows("kafka-1.prod:9092"), "only `*` is a wildcard");
+        let port = SourcePattern::new("10.1.2.*:6379").unwrap();
+        assert!(port.allows("10.1.2.7:6379"));
+        assert!(!port.allows("10.1.2.7:6380"));
+        for bad in ["no-port", ":6379", "host:port"] {
+            assert!(SourcePattern::new(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+/// Why a trigger is not tracked.
+#[derive(Debug, thiserror::Error)]
+pub enum TrackError {
+    #[error("bad trigger metadata: {0}")]
+    Metadata(#[from] MetadataError),
+    #[error(
+        "the trigger's metadata is {size} bytes; hoist accepts at most {limit} (limits.max_metadata_bytes)"
+    )]
+    MetadataTooLarge { size: usize, limit: usize },
+    #[error(
+        "hoist already tracks {limit} triggers (limits.max_tracked_triggers); idle ones are dropped after polling.idle_after"
+    )]
+    TooManyTriggers { limit: usize },
+    #[error("`{endpoint}` is not among hoist's allowed sources (limits.allowed_sources)")]
+    SourceNotAllowed { endpoint: String },
 }
 
 /// Who is asking: KEDA identifies a trigger by its ScaledObject and its
@@ -205,17 +286,48 @@ impl Driver {
 
     /// The tracked trigger for `key`, parsing its metadata and starting (or
     /// joining) a poller the first time it is seen.
-    pub fn track(&self, key: TriggerKey) -> Result<Arc<Tracked>, MetadataError> {
+    pub fn track(&self, key: TriggerKey) -> Result<Arc<Tracked>, TrackError> {
         if let Some(tracked) = self.read_triggers().get(&key) {
             tracked.touch();
             return Ok(tracked.clone());
+        }
+        let settings = &self.inner.settings;
+        let size = key.namespace.len()
+            + key.name.len()
+            + key
+                .metadata
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
+        if size > settings.max_metadata_bytes {
+            return Err(TrackError::MetadataTooLarge {
+                size,
+                limit: settings.max_metadata_bytes,
+            });
+        }
+        if self.read_triggers().len() >= settings.max_tracked_triggers {
+            return Err(TrackError::TooManyTriggers {
+                limit: settings.max_tracked_triggers,
+            });
         }
         let config = trigger::parse(
             &key.metadata_map(),
             &self.inner.profiles,
             self.inner.settings.defaults,
         )?;
-        self.track_parsed(key, config)
+        if !settings.allowed_sources.is_empty()
+            && let Some(endpoint) = config
+                .trigger
+                .query
+                .endpoints
+                .iter()
+                .find(|e| !settings.allowed_sources.iter().any(|p| p.allows(e)))
+        {
+            return Err(TrackError::SourceNotAllowed {
+                endpoint: endpoint.clone(),
+            });
+        }
+        Ok(self.track_parsed(key, config)?)
     }
 
     /// Like [`Driver::track`], for a trigger already parsed.

@@ -45,13 +45,13 @@ impl Source for Counter {
 
 fn driver(idle_after: Duration) -> Driver {
     Driver::new(
-        DriverSettings {
-            defaults: Defaults {
+        DriverSettings::unlimited(
+            Defaults {
                 polling_interval: Duration::from_secs(30),
                 timeout: Duration::from_secs(3),
             },
             idle_after,
-        },
+        ),
         AuthProfiles::default(),
         Arc::new(Metrics::new()),
         CancellationToken::new(),
@@ -69,6 +69,7 @@ fn config(source: &Arc<Counter>, query_key: &str, interval_s: u64) -> TriggerCon
             query: Query {
                 key: query_key.into(),
                 description: format!("counter {query_key}"),
+                endpoints: Vec::new(),
                 source: source.clone(),
             },
         },
@@ -278,6 +279,7 @@ fn engine_config(source: Arc<Gauge>, metric: &str, rules: crate::engine::Rules) 
             query: Query {
                 key: metric.into(),
                 description: format!("gauge {metric}"),
+                endpoints: Vec::new(),
                 source,
             },
         },

@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
-use crate::driver::{PollError, Reading};
+use crate::driver::{PollError, Reading, TrackError};
 use crate::metadata::MetadataError;
 
 /// Everything an ExternalScaler call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
-    #[error("bad trigger metadata: {0}")]
-    Metadata(#[from] MetadataError),
+    #[error(transparent)]
+    Track(#[from] TrackError),
     #[error("{source_description}: {error}{last}")]
     SourceFailing {
         source_description: String,
@@ -70,8 +70,14 @@ impl RpcError {
 
     pub fn code(&self) -> Code {
         match self {
-            RpcError::Metadata(MetadataError::AuthProfile { .. }) => Code::FailedPrecondition,
-            RpcError::Metadata(_) => Code::InvalidArgument,
+            RpcError::Track(TrackError::Metadata(MetadataError::AuthProfile { .. })) => {
+                Code::FailedPrecondition
+            }
+            RpcError::Track(TrackError::Metadata(_)) => Code::InvalidArgument,
+            RpcError::Track(
+                TrackError::MetadataTooLarge { .. } | TrackError::TooManyTriggers { .. },
+            ) => Code::ResourceExhausted,
+            RpcError::Track(TrackError::SourceNotAllowed { .. }) => Code::PermissionDenied,
             RpcError::SourceFailing { .. }
             | RpcError::NoReadingYet { .. }
             | RpcError::NoDecisionYet { .. } => Code::Unavailable,
@@ -93,21 +99,27 @@ mod tests {
 
     #[test]
     fn codes() {
-        let invalid = RpcError::from(MetadataError::invalid(
+        let invalid = RpcError::from(TrackError::from(MetadataError::invalid(
             "listLength",
             "`x` is not an integer",
-        ));
+        )));
         let status = Status::from(invalid);
         assert_eq!(status.code(), Code::InvalidArgument);
         assert_eq!(
             status.message(),
             "bad trigger metadata: invalid `listLength`: `x` is not an integer"
         );
-        let profile = RpcError::from(MetadataError::AuthProfile {
+        let profile = RpcError::from(TrackError::from(MetadataError::AuthProfile {
             profile: "p".into(),
             reason: "r".into(),
-        });
+        }));
         assert_eq!(profile.code(), Code::FailedPrecondition);
+        let crowded = RpcError::from(TrackError::TooManyTriggers { limit: 3 });
+        assert_eq!(crowded.code(), Code::ResourceExhausted);
+        let refused = RpcError::from(TrackError::SourceNotAllowed {
+            endpoint: "evil:6379".into(),
+        });
+        assert_eq!(refused.code(), Code::PermissionDenied);
         let pending = RpcError::from_reading(
             &Reading::Pending,
             "redis list `a` on b:1 db 0",
