@@ -27,6 +27,10 @@ pub struct Settings {
     pub log: LogSettings,
     pub polling: PollingSettings,
     pub limits: LimitSettings,
+    /// Where engine state is saved (every 10 s and at shutdown) and
+    /// restored from at start; none: state lives in memory only.
+    #[serde(alias = "stateFile")]
+    pub state_file: Option<PathBuf>,
     /// How long shutdown may take before hoist exits anyway.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -119,6 +123,7 @@ impl Default for Settings {
             log: LogSettings::default(),
             polling: PollingSettings::default(),
             limits: LimitSettings::default(),
+            state_file: None,
             shutdown_grace: Duration::from_secs(10),
             auth: BTreeMap::new(),
         }

@@ -11,6 +11,7 @@ pub mod grpc;
 pub mod logging;
 pub mod metadata;
 pub mod metrics;
+pub mod persist;
 pub mod probe;
 #[path = "../scalers/mod.rs"]
 pub mod scalers;

@@ -17,6 +17,7 @@ use crate::config::Settings;
 use crate::driver::{Driver, DriverSettings, SourcePattern, TriggerValues};
 use crate::grpc::ScalerService;
 use crate::metrics::Metrics;
+use crate::persist;
 use crate::proto::external_scaler_server::ExternalScalerServer;
 use crate::trigger::Defaults;
 
@@ -103,6 +104,21 @@ impl Server {
             cancel.clone(),
         );
         registry.register_collector(Box::new(TriggerValues(driver.clone())));
+        if let Some(path) = &settings.state_file {
+            match persist::load(path) {
+                Ok(Some(snapshot)) => {
+                    info!(path = %path.display(), scaled_objects = snapshot.scaled_objects.len(), "engine state loaded");
+                    driver.restore(snapshot);
+                }
+                Ok(None) => info!(path = %path.display(), "no engine state saved yet"),
+                Err(error) => warn!(%error, "ignoring the state file: engines start fresh"),
+            }
+            tokio::spawn(save_state_periodically(
+                driver.clone(),
+                path.clone(),
+                cancel.clone(),
+            ));
+        }
 
         let (health, health_service) = tonic_health::server::health_reporter();
         health
@@ -148,6 +164,9 @@ impl Server {
             .await;
         cancel.cancel();
         stop.cancel();
+        if let Some(path) = &settings.state_file {
+            save_state(&driver, path);
+        }
 
         let finished = tokio::time::timeout(settings.shutdown_grace, async {
             let grpc = grpc_task.await;
@@ -170,6 +189,28 @@ impl Server {
             }
         }
         Ok(())
+    }
+}
+
+/// How often engine state is written to `state_file` while serving.
+const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn save_state_periodically(
+    driver: Driver,
+    path: std::path::PathBuf,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(SAVE_EVERY) => save_state(&driver, &path),
+        }
+    }
+}
+
+fn save_state(driver: &Driver, path: &std::path::Path) {
+    if let Err(error) = persist::save(path, &driver.snapshot()) {
+        warn!(path = %path.display(), %error, "cannot save engine state");
     }
 }
 

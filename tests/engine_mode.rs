@@ -189,3 +189,64 @@ async fn engine_rule_keys_are_validated_and_an_edit_replaces_the_rules() {
     let bad = client.get_metric_spec(zero_target).await.unwrap_err();
     assert!(bad.message().contains("`listLength`"), "{}", bad.message());
 }
+
+#[tokio::test]
+async fn engine_state_survives_a_restart_and_a_corrupt_file_is_ignored() {
+    let redis = RedisServer::start();
+    let values: Vec<String> = (0..50).map(|i| i.to_string()).collect();
+    let mut push = vec!["RPUSH", "jobs"];
+    push.extend(values.iter().map(String::as_str));
+    redis.command(&push);
+    let dir = tempfile::tempdir().unwrap();
+    let state_file = dir.path().join("hoist-state.json");
+    let settings = || hoist::config::Settings {
+        state_file: Some(state_file.clone()),
+        ..Default::default()
+    };
+    let worker = object(
+        "worker",
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "jobs"),
+            ("scalingMode", "engine"),
+            ("maxReplicaCount", "20"),
+            ("pollingInterval", "1"),
+        ],
+    );
+
+    let first = Hoist::start_with(settings()).await;
+    let mut replicas = 0.0;
+    for _ in 0..60 {
+        replicas = reported(&first, &worker).await.0 / 5.0;
+        if replicas >= 8.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(replicas, 8.0);
+    first.stop().await.unwrap();
+    let saved = std::fs::read_to_string(&state_file).unwrap();
+    assert!(saved.contains("\"default/worker\""), "{saved}");
+
+    // A new process continues from 8 (ACA's next step is 10), instead of
+    // starting over at 1.
+    let second = Hoist::start_with(settings()).await;
+    assert_eq!(reported(&second, &worker).await.0, 50.0);
+    second.stop().await.unwrap();
+
+    std::fs::write(&state_file, "{ this is not state").unwrap();
+    let third = Hoist::start_with(settings()).await;
+    assert_eq!(
+        reported(&third, &worker).await.0,
+        5.0,
+        "fresh engine: starts at one replica"
+    );
+    third.stop().await.unwrap();
+    assert!(
+        std::fs::read_to_string(&state_file)
+            .unwrap()
+            .contains("\"version\": 1"),
+        "rewritten"
+    );
+}

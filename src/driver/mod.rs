@@ -28,6 +28,7 @@ use crate::config::AuthProfiles;
 use crate::engine::{Decision, Rules};
 use crate::metadata::MetadataError;
 use crate::metrics::Metrics;
+use crate::persist::{self, Snapshot};
 use crate::trigger::{self, Defaults, ScalingMode, TriggerConfig};
 
 #[derive(Debug, Clone)]
@@ -245,6 +246,9 @@ struct Inner {
     pollers: Mutex<HashMap<String, Poller>>,
     /// Engine-mode ScaledObjects by (namespace, name). Locked after `pollers`.
     scalings: Mutex<HashMap<(String, String), Arc<Scaling>>>,
+    /// Engine state restored from `state_file`, waiting for its
+    /// ScaledObject to be seen again.
+    restored: Mutex<std::collections::BTreeMap<String, crate::engine::State>>,
     clock: Clock,
     cancel: CancellationToken,
     next_id: AtomicU64,
@@ -274,6 +278,7 @@ impl Driver {
                 triggers: RwLock::new(HashMap::new()),
                 pollers: Mutex::new(HashMap::new()),
                 scalings: Mutex::new(HashMap::new()),
+                restored: Mutex::new(Default::default()),
                 clock: Clock::new(),
                 cancel,
                 next_id: AtomicU64::new(1),
@@ -469,15 +474,56 @@ impl Driver {
             }
             return Ok(scaling.clone());
         }
+        let restored = self
+            .inner
+            .restored
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&persist::key(&key.namespace, &key.name));
+        if restored.is_some() {
+            info!(namespace = %key.namespace, scaled_object = %key.name, "engine state restored");
+        }
         let scaling = Scaling::start(
             &key.namespace,
             &key.name,
             rules.clone(),
+            restored.unwrap_or_default(),
             self.inner.clock,
             self.inner.cancel.child_token(),
         );
         scalings.insert(object, scaling.clone());
         Ok(scaling)
+    }
+
+    /// Hands over state saved by an earlier run; each ScaledObject takes
+    /// its own when its first engine-mode trigger arrives.
+    pub fn restore(&self, snapshot: Snapshot) {
+        *self
+            .inner
+            .restored
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = snapshot.scaled_objects;
+    }
+
+    /// The state of every engine, for `state_file` (restored state not yet
+    /// claimed is kept too).
+    pub fn snapshot(&self) -> Snapshot {
+        let mut scaled_objects = self
+            .inner
+            .restored
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for scaling in self.scalings() {
+            scaled_objects.insert(
+                persist::key(&scaling.namespace, &scaling.name),
+                scaling.state(),
+            );
+        }
+        Snapshot {
+            version: persist::VERSION,
+            scaled_objects,
+        }
     }
 
     /// Every engine-mode ScaledObject.

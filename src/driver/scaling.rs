@@ -75,6 +75,7 @@ impl Scaling {
         namespace: &str,
         name: &str,
         rules: Rules,
+        state: engine::State,
         clock: Clock,
         cancel: CancellationToken,
     ) -> Arc<Self> {
@@ -82,7 +83,7 @@ impl Scaling {
             namespace: namespace.to_string(),
             name: name.to_string(),
             rules: Mutex::new(rules),
-            state: Mutex::new(engine::State::default()),
+            state: Mutex::new(state),
             decisions: watch::channel(None).0,
             members: Mutex::new(Vec::new()),
             wake: Arc::new(Notify::new()),
