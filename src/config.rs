@@ -42,12 +42,15 @@ pub struct Settings {
 #[serde(default, deny_unknown_fields)]
 pub struct GrpcSettings {
     pub listen: SocketAddr,
+    /// TLS for the gRPC port (KEDA: `enableTLS`, `caCert`, client certs).
+    pub tls: Option<crate::tls::TlsSettings>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminSettings {
     pub listen: SocketAddr,
+    pub tls: Option<crate::tls::TlsSettings>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -134,6 +137,7 @@ impl Default for GrpcSettings {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            tls: None,
         }
     }
 }
@@ -142,6 +146,7 @@ impl Default for AdminSettings {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([0, 0, 0, 0], 9091)),
+            tls: None,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod secret;
 pub mod server;
 pub mod simulate;
 pub mod status;
+pub mod tls;
 pub mod trigger;
 
 /// The generated ExternalScaler contract (`proto/externalscaler.proto`).

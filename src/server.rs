@@ -19,6 +19,7 @@ use crate::grpc::ScalerService;
 use crate::metrics::Metrics;
 use crate::persist;
 use crate::proto::external_scaler_server::ExternalScalerServer;
+use crate::tls::{self, TlsListener};
 use crate::trigger::Defaults;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,8 @@ pub enum ServerError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("admin server failed")]
     Admin(#[source] std::io::Error),
+    #[error("TLS")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// Listeners bound, nothing served yet: tests bind to port 0 and read the
@@ -133,26 +136,46 @@ impl Server {
         let (ready_tx, ready) = watch::channel(false);
         let stop = CancellationToken::new();
         let grpc_addr = grpc.local_addr().ok();
-        let grpc_server = tonic::transport::Server::builder()
+        let grpc_router = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(scaler)
-            .serve_with_incoming_shutdown(
-                TcpListenerStream::new(grpc),
-                stop.clone().cancelled_owned(),
-            );
+            .add_service(scaler);
+        let grpc_signal = stop.clone().cancelled_owned();
+        let grpc_task = match &settings.grpc.tls {
+            None => tokio::spawn(
+                grpc_router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), grpc_signal),
+            ),
+            Some(tls) => {
+                let acceptor = tls::acceptor(tls, stop.clone())?;
+                let incoming = TlsListener::new(grpc, acceptor, stop.clone()).into_stream();
+                tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_signal))
+            }
+        };
         let admin_addr = admin.local_addr().ok();
         let admin_router = admin::router(AdminState {
             registry: Arc::new(registry),
             driver: driver.clone(),
             ready,
         });
-        let admin_server =
-            axum::serve(admin, admin_router).with_graceful_shutdown(stop.clone().cancelled_owned());
-
-        let grpc_task = tokio::spawn(grpc_server);
-        let admin_task =
-            tokio::spawn(async move { admin_server.await.map_err(ServerError::Admin) });
+        let admin_signal = stop.clone().cancelled_owned();
+        let admin_task = match &settings.admin.tls {
+            None => tokio::spawn(async move {
+                axum::serve(admin, admin_router)
+                    .with_graceful_shutdown(admin_signal)
+                    .await
+                    .map_err(ServerError::Admin)
+            }),
+            Some(tls) => {
+                let listener =
+                    TlsListener::new(admin, tls::acceptor(tls, stop.clone())?, stop.clone());
+                tokio::spawn(async move {
+                    axum::serve(listener, admin_router)
+                        .with_graceful_shutdown(admin_signal)
+                        .await
+                        .map_err(ServerError::Admin)
+                })
+            }
+        };
         ready_tx.send_replace(true);
         info!(grpc = ?grpc_addr, admin = ?admin_addr, "hoist is serving");
 
