@@ -9,4 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/deps.sh redis-server redis-tools
+# A short fuzz smoke run of every parser first (no panics on arbitrary
+# input), then the suite, whose summary closes the output.
+FUZZ_SECONDS="${FUZZ_SECONDS:-5}" scripts/fuzz-smoke.sh
 cargo test --locked --all-targets "$@"
