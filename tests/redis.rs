@@ -693,3 +693,35 @@ async fn tls_to_redis_with_a_ca_from_the_auth_profile() {
     );
     assert_eq!(metric(&hoist, &unsafe_ssl).await.unwrap(), (2, 2.0));
 }
+
+#[tokio::test]
+async fn two_replicas_behind_one_service_answer_alike_in_passthrough_mode() {
+    let redis = RedisServer::start();
+    redis.command(&["RPUSH", "jobs", "a", "b", "c", "d", "e", "f"]);
+    let (first, second) = (Hoist::start().await, Hoist::start().await);
+    let jobs = object(
+        "orders",
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "jobs"),
+            ("pollingInterval", "1"),
+        ],
+    );
+    // KEDA round-robins over the replicas: each answers from its own
+    // poller of the same source.
+    for _ in 0..3 {
+        assert_eq!(
+            metric(&first, &jobs).await.unwrap(),
+            metric(&second, &jobs).await.unwrap()
+        );
+        assert_eq!(
+            active(&first, &jobs).await.unwrap(),
+            active(&second, &jobs).await.unwrap()
+        );
+    }
+    redis.command(&["RPUSH", "jobs", "g", "h"]);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(metric(&first, &jobs).await.unwrap(), (8, 8.0));
+    assert_eq!(metric(&second, &jobs).await.unwrap(), (8, 8.0));
+}
