@@ -238,6 +238,20 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
 }
 
 #[test]
+fn the_tls_trigger_authentication_gives_keda_the_parameters_it_reads() {
+    let examples = documents("deploy/examples");
+    let auth = kind(&examples, "TriggerAuthentication")[0];
+    let parameters: Vec<&str> = auth["spec"]["secretTargetRef"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .map(|p| p["parameter"].as_str().unwrap())
+        .collect();
+    // KEDA's external scaler reads exactly these for its gRPC connection.
+    assert_eq!(parameters, ["caCert", "tlsClientCert", "tlsClientKey"]);
+}
+
+#[test]
 fn the_image_exposes_hoists_ports_and_runs_as_non_root() {
     let dockerfile = std::fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
     let defaults = Settings::default();
