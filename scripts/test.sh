@@ -12,4 +12,7 @@ scripts/deps.sh redis-server redis-tools
 # A short fuzz smoke run of every parser first (no panics on arbitrary
 # input), then the suite, whose summary closes the output.
 FUZZ_SECONDS="${FUZZ_SECONDS:-5}" scripts/fuzz-smoke.sh
-cargo test --locked --all-targets "$@"
+# Benchmarks are built (they must keep compiling) but not run: timing
+# belongs to `cargo bench`, never to pass/fail tests.
+cargo build --locked --benches
+cargo test --locked --lib --bins --tests "$@"
