@@ -94,15 +94,9 @@ async fn lag_follows_kedas_arithmetic() {
     let b = bootstrap.as_str();
 
     let plain = trigger("plain", b, &[]);
-    let spec = hoist
-        .client()
-        .await
-        .get_metric_spec(plain.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(spec.metric_specs[0].metric_name, "kafka-orders");
-    assert_eq!(spec.metric_specs[0].target_size, 10);
+    let spec = hoist.spec(&plain).await;
+    assert_eq!(spec.metric_name, "kafka-orders");
+    assert_eq!(spec.target_size, 10);
     // p0 0 + p1 5 + p2 10 + p3 (no commit, latest) 1.
     assert_eq!(lag(&hoist, &plain).await.unwrap(), 16.0);
     assert!(active(&hoist, &plain).await);
@@ -169,14 +163,8 @@ async fn without_a_topic_every_topic_the_group_committed_to_counts() {
             ("consumerGroup", "workers"),
         ],
     );
-    let spec = hoist
-        .client()
-        .await
-        .get_metric_spec(all.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(spec.metric_specs[0].metric_name, "kafka-workers-topics");
+    let spec = hoist.spec(&all).await;
+    assert_eq!(spec.metric_name, "kafka-workers-topics");
     // `audit` has no commits from this group, so only `orders` counts.
     assert_eq!(lag(&hoist, &all).await.unwrap(), 16.0);
 

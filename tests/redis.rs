@@ -49,15 +49,10 @@ async fn serves_every_rpc_from_a_real_redis() {
     );
     let mut client = hoist.client().await;
 
-    let spec = client
-        .get_metric_spec(jobs.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(spec.metric_specs.len(), 1);
-    assert_eq!(spec.metric_specs[0].metric_name, "redis-jobs");
-    assert_eq!(spec.metric_specs[0].target_size, 5);
-    assert_eq!(spec.metric_specs[0].target_size_float, 5.0);
+    let spec = hoist.spec(&jobs).await;
+    assert_eq!(spec.metric_name, "redis-jobs");
+    assert_eq!(spec.target_size, 5);
+    assert_eq!(spec.target_size_float, 5.0);
 
     assert_eq!(metric(&hoist, &jobs).await.unwrap(), (7, 7.0));
     assert!(active(&hoist, &jobs).await.unwrap());
@@ -97,12 +92,8 @@ async fn serves_every_rpc_from_a_real_redis() {
     };
     assert!(!active(&hoist, &threshold("7")).await.unwrap());
     assert!(active(&hoist, &threshold("6")).await.unwrap());
-    let spec = client
-        .get_metric_spec(threshold("6"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(spec.metric_specs[0].target_size, 2);
+    let spec = hoist.spec(&threshold("6")).await;
+    assert_eq!(spec.target_size, 2);
 }
 
 #[tokio::test]

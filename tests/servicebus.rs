@@ -158,15 +158,9 @@ async fn queues_and_subscriptions_are_read_with_a_signed_request() {
     let connection = connection(addr);
 
     let orders = queue("orders", &connection, &[]);
-    let spec = hoist
-        .client()
-        .await
-        .get_metric_spec(orders.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(spec.metric_specs[0].metric_name, "azure-servicebus-orders");
-    assert_eq!(spec.metric_specs[0].target_size, 5);
+    let spec = hoist.spec(&orders).await;
+    assert_eq!(spec.metric_name, "azure-servicebus-orders");
+    assert_eq!(spec.target_size, 5);
     // ActiveMessageCount, not MessageCount (3) nor the dead letters.
     assert_eq!(count(&hoist, &orders).await.unwrap(), 1.0);
     assert!(
@@ -284,17 +278,8 @@ async fn regex_mode_pages_through_the_list_and_combines_the_matches() {
     // Matches: q0..q4 on page one (0+1+2+3+4), q0..q2 on page two (3 × 1000).
     assert_eq!(count(&hoist, &by("sum")).await.unwrap(), 3010.0);
     assert_eq!(count(&hoist, &by("max")).await.unwrap(), 1000.0);
-    let spec = hoist
-        .client()
-        .await
-        .get_metric_spec(by("max"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        spec.metric_specs[0].metric_name,
-        "azure-servicebus-queue-regex"
-    );
+    let spec = hoist.spec(&by("max")).await;
+    assert_eq!(spec.metric_name, "azure-servicebus-queue-regex");
     let pages: Vec<String> = namespace
         .seen()
         .into_iter()
@@ -499,17 +484,8 @@ async fn regex_mode_over_a_topics_subscriptions() {
             ("connectionFromEnv", &connection(addr)),
         ],
     );
-    let spec = hoist
-        .client()
-        .await
-        .get_metric_spec(all.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        spec.metric_specs[0].metric_name,
-        "azure-servicebus-topic-regex"
-    );
+    let spec = hoist.spec(&all).await;
+    assert_eq!(spec.metric_name, "azure-servicebus-topic-regex");
     // The recorded subscription `65cea5d4` holds one active message.
     assert_eq!(count(&hoist, &all).await.unwrap(), 1.0);
     let seen = namespace.seen();

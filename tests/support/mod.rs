@@ -391,6 +391,19 @@ impl Hoist {
         Ok((value.metric_value, value.metric_value_float))
     }
 
+    /// `GetMetricSpec` for `object`: its one spec.
+    pub async fn spec(&self, object: &ScaledObjectRef) -> hoist::proto::MetricSpec {
+        let mut response = self
+            .client()
+            .await
+            .get_metric_spec(object.clone())
+            .await
+            .expect("a metric spec")
+            .into_inner();
+        assert_eq!(response.metric_specs.len(), 1, "one spec per trigger");
+        response.metric_specs.remove(0)
+    }
+
     /// `IsActive` for `object`.
     pub async fn active(&self, object: &ScaledObjectRef) -> Result<bool, tonic::Status> {
         Ok(self
