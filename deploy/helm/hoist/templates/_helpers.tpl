@@ -1,0 +1,238 @@
+{{/* Names: release `hoist` gives `hoist`, release `x` gives `x-hoist`. */}}
+{{- define "hoist.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{- define "hoist.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{- define "hoist.interceptorName" -}}
+{{- printf "%s-interceptor" (include "hoist.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{- define "hoist.proxyServiceName" -}}
+{{- printf "%s-interceptor-proxy" (include "hoist.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{- define "hoist.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "hoist.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end }}
+
+{{/* Selector labels; call with (dict "ctx" $ "component" "scaler"|"interceptor"). */}}
+{{- define "hoist.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hoist.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "hoist.labels" -}}
+{{ include "hoist.selectorLabels" . }}
+app.kubernetes.io/part-of: hoist
+app.kubernetes.io/version: {{ .ctx.Values.image.tag | default .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "hoist.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* off | inProcess | split (YAML reads a bare `off` as false). */}}
+{{- define "hoist.interceptorMode" -}}
+{{- $mode := .Values.interceptor.mode | toString -}}
+{{- if or (eq $mode "false") (eq $mode "") -}}off{{- else -}}{{ $mode }}{{- end -}}
+{{- end }}
+
+{{/* The port of a "host:port" listen address. */}}
+{{- define "hoist.listenPort" -}}
+{{- $parts := splitList ":" (toString .) -}}
+{{- $port := last $parts -}}
+{{- if not (regexMatch "^[0-9]+$" $port) -}}
+{{- fail (printf "`%s` is not a host:port listen address" (toString .)) -}}
+{{- end -}}
+{{- $port -}}
+{{- end }}
+
+{{/* Container ports of the proxies: http, then one per TCP route. */}}
+{{- define "hoist.proxyContainerPorts" -}}
+- name: http
+  containerPort: {{ .Values.interceptor.httpPort }}
+{{- range .Values.interceptor.tcpRoutes }}
+{{- $port := include "hoist.listenPort" .listen }}
+- name: tcp-{{ $port }}
+  containerPort: {{ $port }}
+{{- end }}
+{{- end }}
+
+{{/* The [interceptor] section of the process that runs the proxies. */}}
+{{- define "hoist.proxySettings" -}}
+{{- $routes := dict "http_listen" (printf "0.0.0.0:%v" .Values.interceptor.httpPort) -}}
+{{- $_ := set $routes "cold_start_timeout" .Values.interceptor.coldStartTimeout -}}
+{{- $_ := set $routes "max_held_per_route" .Values.interceptor.maxHeldPerRoute -}}
+{{- if .Values.interceptor.httpRoutes }}{{ $_ := set $routes "http_routes" .Values.interceptor.httpRoutes }}{{ end -}}
+{{- if .Values.interceptor.tcpRoutes }}{{ $_ := set $routes "tcp_routes" .Values.interceptor.tcpRoutes }}{{ end -}}
+{{- toJson $routes -}}
+{{- end }}
+
+{{/*
+Environment variable for auth param: AUTH_<PROFILE>_<PARAM>, upper case,
+every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param).
+*/}}
+{{- define "hoist.authEnvName" -}}
+{{- regexReplaceAll "[^A-Z0-9_]" (printf "AUTH_%s_%s" (index . 0) (index . 1) | upper) "_" -}}
+{{- end }}
+
+{{/* The auth params kept in Secrets: a list of {name, profile, param, secretKeyRef}. */}}
+{{- define "hoist.authSecretEnv" -}}
+{{- $out := list -}}
+{{- $seen := dict -}}
+{{- range $profile, $params := .Values.auth -}}
+{{- range $param, $value := $params -}}
+{{- if kindIs "map" $value -}}
+{{- if not $value.secretKeyRef -}}
+{{- fail (printf "auth.%s.%s: give a string or secretKeyRef: {name, key}" $profile $param) -}}
+{{- end -}}
+{{- $name := include "hoist.authEnvName" (list $profile $param) -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "auth.%s.%s and auth.%s both become %s: rename one" $profile $param (get $seen $name) $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name (printf "%s.%s" $profile $param) -}}
+{{- $out = append $out (dict "name" $name "secretKeyRef" $value.secretKeyRef) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end }}
+
+{{/* hoist.toml (the scaler's), as a dict encoded in JSON. */}}
+{{- define "hoist.scalerConfig" -}}
+{{- $config := deepCopy (.Values.config | default dict) -}}
+{{- $grpc := dict "listen" (printf "0.0.0.0:%v" .Values.ports.grpc) -}}
+{{- $admin := dict "listen" (printf "0.0.0.0:%v" .Values.ports.admin) -}}
+{{- range $listener, $target := dict "grpc" $grpc "admin" $admin -}}
+{{- $tls := index $.Values.tls $listener -}}
+{{- if $tls.secretName -}}
+{{- $files := dict
+      "cert_file" (printf "/var/run/secrets/hoist-tls/%s/tls.crt" $listener)
+      "key_file" (printf "/var/run/secrets/hoist-tls/%s/tls.key" $listener) -}}
+{{- if or $tls.clientCA.secretName $tls.clientCA.configMapName -}}
+{{- $_ := set $files "client_ca_file" (printf "/var/run/secrets/hoist-tls/%s-client-ca/%s" $listener $tls.clientCA.key) -}}
+{{- end -}}
+{{- $_ := set $target "tls" $files -}}
+{{- end -}}
+{{- end -}}
+{{- $generated := dict "grpc" $grpc "admin" $admin -}}
+{{- if .Values.state.enabled -}}
+{{- $_ := set $generated "state_file" (printf "%s/state.json" .Values.state.mountPath) -}}
+{{- end -}}
+{{- $auth := dict -}}
+{{- range $profile, $params := .Values.auth -}}
+{{- $resolved := dict -}}
+{{- range $param, $value := $params -}}
+{{- if kindIs "map" $value -}}
+{{- $_ := set $resolved $param (dict "env" (include "hoist.authEnvName" (list $profile $param))) -}}
+{{- else -}}
+{{- $_ := set $resolved $param (toString $value) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $auth $profile $resolved -}}
+{{- end -}}
+{{- if $auth }}{{ $_ := set $generated "auth" $auth }}{{ end -}}
+{{- $mode := include "hoist.interceptorMode" . -}}
+{{- if eq $mode "inProcess" -}}
+{{- $_ := set $generated "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
+{{- else if eq $mode "split" -}}
+{{- $endpoint := printf "%s.%s.svc.cluster.local:%v" (include "hoist.interceptorName" .) .Release.Namespace .Values.ports.admin -}}
+{{- $_ := set $generated "interceptor" (dict "endpoints" (list $endpoint) "read_timeout" .Values.interceptor.readTimeout) -}}
+{{- end -}}
+{{- toJson (mustMergeOverwrite $config $generated) -}}
+{{- end }}
+
+{{/* interceptor.toml (split mode), as a dict encoded in JSON. */}}
+{{- define "hoist.interceptorConfig" -}}
+{{- $config := deepCopy (.Values.interceptor.config | default dict) -}}
+{{- $generated := dict
+      "admin" (dict "listen" (printf "0.0.0.0:%v" .Values.ports.admin))
+      "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
+{{- toJson (mustMergeOverwrite $config $generated) -}}
+{{- end }}
+
+{{/*
+TOML from a dict: a table's plain keys first (strings, numbers, bools and
+lists of them, written as JSON, which is valid TOML for these; a
+{env = ...} or {file = ...} map inline), then its sub-tables, then its
+arrays of tables. Whole numbers print without a fraction (Helm reads
+every YAML number as a float). Null values are left out. A table with
+no plain keys gets no header of its own.
+*/}}
+{{- define "hoist.toml" -}}
+{{- include "hoist.toml.table" (dict "path" "" "table" . "array" false) | trim -}}
+{{- end }}
+
+{{- define "hoist.toml.key" -}}
+{{- if regexMatch "^[A-Za-z0-9_-]+$" . }}{{ . }}{{ else }}{{ toJson . }}{{ end -}}
+{{- end }}
+
+{{/* What a value is: inline, table, tables (array of), skip, or plain. */}}
+{{- define "hoist.toml.kind" -}}
+{{- if kindIs "invalid" . -}}skip
+{{- else if kindIs "map" . -}}
+{{- if and (eq (len .) 1) (or (hasKey . "env") (hasKey . "file")) -}}inline
+{{- else if . -}}table
+{{- else -}}skip
+{{- end -}}
+{{- else if and (kindIs "slice" .) . (kindIs "map" (first .)) -}}tables
+{{- else -}}plain
+{{- end -}}
+{{- end }}
+
+{{- define "hoist.toml.table" -}}
+{{- $path := .path -}}
+{{- $plain := list -}}
+{{- range $key, $value := .table -}}
+{{- if has (include "hoist.toml.kind" $value) (list "plain" "inline") }}{{ $plain = append $plain $key }}{{ end -}}
+{{- end -}}
+{{- if .array }}
+
+[[{{ $path }}]]
+{{- else if and $path $plain }}
+
+[{{ $path }}]
+{{- end -}}
+{{- range $key := $plain -}}
+{{- $value := index $.table $key -}}
+{{- $kind := include "hoist.toml.kind" $value -}}
+{{- if eq $kind "inline" }}
+{{ include "hoist.toml.key" $key }} = { {{ keys $value | first }} = {{ values $value | first | toJson }} }
+{{- else if and (kindIs "float64" $value) (eq $value (floor $value)) }}
+{{ include "hoist.toml.key" $key }} = {{ int64 $value }}
+{{- else }}
+{{ include "hoist.toml.key" $key }} = {{ toJson $value }}
+{{- end -}}
+{{- end -}}
+{{- range $key, $value := .table -}}
+{{- $full := ternary (include "hoist.toml.key" $key) (printf "%s.%s" $path (include "hoist.toml.key" $key)) (eq $path "") -}}
+{{- $kind := include "hoist.toml.kind" $value -}}
+{{- if eq $kind "table" -}}
+{{- include "hoist.toml.table" (dict "path" $full "table" $value "array" false) -}}
+{{- else if eq $kind "tables" -}}
+{{- range $value -}}
+{{- include "hoist.toml.table" (dict "path" $full "table" . "array" true) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end }}

@@ -1,0 +1,544 @@
+//! The Helm chart in `deploy/helm/hoist`, rendered by a real `helm`
+//! (`helm template`, and `helm lint --strict`): with its defaults it holds
+//! what deploy/kubernetes/hoist.yaml holds; with the values files in its
+//! `ci/` folder (TLS, auth profiles from Secrets, the interceptor in split
+//! and in-process mode) every name, port, label, selector, mount and
+//! environment variable agrees with the config it renders, and that config
+//! loads with hoist's own loader.
+//!
+//! `helm` is `$HELM_BIN` or the one on PATH; scripts/test.sh installs it
+//! when missing (scripts/helm.sh). Without it these tests fail: they never
+//! skip.
+
+mod manifests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use hoist::config::{AuthValue, Settings};
+use manifests::*;
+use yaml_rust2::Yaml;
+
+const CHART: &str = "deploy/helm/hoist";
+
+fn helm_binary() -> PathBuf {
+    let helm = std::env::var_os("HELM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "helm".into());
+    match Command::new(&helm).arg("version").output() {
+        Ok(output) if output.status.success() => helm,
+        _ => panic!(
+            "no working `{}`: run scripts/helm.sh (scripts/test.sh does) or set HELM_BIN",
+            helm.display()
+        ),
+    }
+}
+
+fn helm(args: &[&str]) -> Output {
+    Command::new(helm_binary())
+        .args(args)
+        .current_dir(root())
+        .output()
+        .unwrap()
+}
+
+/// `helm template` of the chart; `values` are files relative to the crate.
+fn render(release: &str, namespace: &str, values: &[&str]) -> Vec<Yaml> {
+    let mut args = vec!["template", release, CHART, "--namespace", namespace];
+    for file in values {
+        args.extend(["--values", file]);
+    }
+    let output = helm(&args);
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        output.status.success(),
+        "helm {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let docs = parse(&format!("helm template {values:?}"), &stdout);
+    for doc in &docs {
+        assert_eq!(
+            doc["metadata"]["namespace"].as_str(),
+            Some(namespace),
+            "{}",
+            name(doc)
+        );
+    }
+    docs
+}
+
+/// A values file of the chart's `ci/` folder: its path and its content.
+fn values_file(file: &str) -> (String, Yaml) {
+    let path = format!("{CHART}/ci/{file}");
+    let text = std::fs::read_to_string(root().join(&path)).unwrap();
+    let mut docs = parse(&path, &text);
+    (path, docs.remove(0))
+}
+
+fn probe_kinds(container: &Yaml) -> BTreeMap<&'static str, String> {
+    ["readinessProbe", "livenessProbe", "startupProbe"]
+        .into_iter()
+        .map(|probe| {
+            let p = &container[probe];
+            let kind = if !p["httpGet"].is_badvalue() {
+                format!(
+                    "{} {} {}",
+                    p["httpGet"]["scheme"].as_str().unwrap_or("HTTP"),
+                    p["httpGet"]["port"].as_str().unwrap(),
+                    p["httpGet"]["path"].as_str().unwrap()
+                )
+            } else if !p["grpc"].is_badvalue() {
+                "grpc".to_string()
+            } else {
+                format!("tcp {}", p["tcpSocket"]["port"].as_str().unwrap())
+            };
+            (probe, kind)
+        })
+        .collect()
+}
+
+fn without_auth(mut settings: Settings) -> Settings {
+    settings.auth.clear();
+    settings
+}
+
+#[test]
+fn the_chart_lints_clean_with_every_values_file() {
+    let mut runs = vec![vec!["lint", "--strict", CHART]];
+    let files: Vec<String> = std::fs::read_dir(root().join(CHART).join("ci"))
+        .unwrap()
+        .map(|e| format!("{CHART}/ci/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    assert!(files.len() >= 2);
+    for file in &files {
+        runs.push(vec!["lint", "--strict", CHART, "--values", file]);
+    }
+    for args in runs {
+        let output = helm(&args);
+        assert!(
+            output.status.success(),
+            "helm {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+#[test]
+fn with_its_defaults_the_chart_renders_what_hoist_yaml_holds() {
+    let chart = render("hoist", "keda", &[]);
+    check_consistency("chart defaults", &chart);
+    let plain = documents("deploy/kubernetes");
+    let plain: Vec<Yaml> = plain
+        .into_iter()
+        .filter(|d| !name(d).starts_with("hoist-interceptor"))
+        .collect();
+    assert_eq!(objects(&chart), objects(&plain), "the same objects");
+
+    let (a, b) = (
+        named(&chart, "Deployment", "hoist"),
+        named(&plain, "Deployment", "hoist"),
+    );
+    assert_eq!(a["spec"]["replicas"], b["spec"]["replicas"]);
+    let (pod_a, pod_b) = (pod_spec(a), pod_spec(b));
+    for key in [
+        "serviceAccountName",
+        "securityContext",
+        "terminationGracePeriodSeconds",
+        "automountServiceAccountToken",
+    ] {
+        assert_eq!(json(&pod_a[key]), json(&pod_b[key]), "pod {key}");
+    }
+    let (ca, cb) = (container(a), container(b));
+    for key in ["image", "args", "ports", "resources", "securityContext"] {
+        assert_eq!(json(&ca[key]), json(&cb[key]), "container {key}");
+    }
+    assert_eq!(probe_kinds(ca), probe_kinds(cb));
+    for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+        for key in ["periodSeconds", "failureThreshold"] {
+            assert_eq!(ca[probe][key], cb[probe][key], "{probe} {key}");
+        }
+    }
+    for volume_name in ["config", "state"] {
+        assert_eq!(mount_path(a, volume_name), mount_path(b, volume_name));
+        assert_eq!(json(volume(a, volume_name)), json(volume(b, volume_name)));
+    }
+
+    for (kind_, object) in [("Service", "hoist"), ("PodDisruptionBudget", "hoist")] {
+        let (sa, sb) = (named(&chart, kind_, object), named(&plain, kind_, object));
+        for key in ["clusterIP", "ports", "maxUnavailable"] {
+            assert_eq!(
+                json(&sa["spec"][key]),
+                json(&sb["spec"][key]),
+                "{kind_} {key}"
+            );
+        }
+    }
+
+    // The same settings, but for hoist.yaml's example auth profile.
+    let rendered = load_ok("chart hoist.toml", config_text(&chart, a));
+    assert!(rendered.auth.is_empty());
+    assert_eq!(
+        rendered,
+        without_auth(load_ok("hoist.yaml", config_text(&plain, b)))
+    );
+    let defaults = Settings::default();
+    let ports = container_ports(ca);
+    assert_eq!(ports["grpc"], i64::from(defaults.grpc.listen.port()));
+    assert_eq!(ports["admin"], i64::from(defaults.admin.listen.port()));
+    assert!(!chart.iter().any(|d| name(d).contains("interceptor")));
+}
+
+#[test]
+fn split_mode_with_tls_and_auth_profiles_agrees_with_the_config_it_renders() {
+    let (file, values) = values_file("split-tls-auth-values.yaml");
+    let docs = render("hoist", "keda", &[&file]);
+    check_consistency(&file, &docs);
+
+    let scaler = named(&docs, "Deployment", "hoist");
+    let container_ = container(scaler);
+    let text = config_text(&docs, scaler);
+    let (rest, section) = split_interceptor("hoist.toml", text);
+    let settings = load_ok("hoist.toml without [interceptor]", &rest);
+
+    // Passthrough config, numbers staying integers.
+    assert_eq!(settings.shutdown_grace.as_secs(), 15);
+    assert_eq!(settings.polling.default_interval.as_secs(), 15);
+    assert_eq!(settings.limits.max_tracked_triggers, 5000);
+    assert_eq!(settings.limits.allowed_sources.len(), 2, "defaults merged");
+    assert_eq!(scaler["spec"]["replicas"].as_i64(), Some(2));
+
+    // TLS: each file hoist reads is a key of the Secret the values name,
+    // mounted where the config says.
+    let tls = |listener: &str| match listener {
+        "grpc" => settings.grpc.tls.clone(),
+        _ => settings.admin.tls.clone(),
+    };
+    for listener in ["grpc", "admin"] {
+        let wanted = &values["tls"][listener];
+        let tls = tls(listener).unwrap_or_else(|| panic!("{listener}: TLS on"));
+        let mut files = vec![
+            (
+                tls.cert_file,
+                wanted["secretName"].as_str().unwrap(),
+                "tls.crt",
+            ),
+            (
+                tls.key_file,
+                wanted["secretName"].as_str().unwrap(),
+                "tls.key",
+            ),
+        ];
+        match (
+            wanted["clientCA"]["secretName"].as_str(),
+            tls.client_ca_file,
+        ) {
+            (Some(secret), Some(file)) => {
+                files.push((file, secret, wanted["clientCA"]["key"].as_str().unwrap()))
+            }
+            (None, None) => {}
+            other => panic!("{listener}: client CA {other:?}"),
+        }
+        for (file, secret, key) in files {
+            let (volume, inside) = volume_holding(scaler, file.to_str().unwrap());
+            assert_eq!(volume["secret"]["secretName"].as_str(), Some(secret));
+            let items: Vec<(&str, &str)> = list(&volume["secret"]["items"])
+                .iter()
+                .map(|i| (i["key"].as_str().unwrap(), i["path"].as_str().unwrap()))
+                .collect();
+            assert!(
+                items.contains(&(key, inside.as_str())),
+                "{listener}: {file:?}"
+            );
+        }
+    }
+    // kubelet cannot do TLS to a gRPC probe: with gRPC TLS none is left,
+    // and the HTTP probes speak HTTPS to the TLS admin port.
+    for (probe, kind_) in probe_kinds(container_) {
+        assert!(kind_.starts_with("HTTPS admin /"), "{probe}: {kind_}");
+    }
+
+    // Auth profiles: a literal stays a literal; a Secret key becomes an
+    // environment variable (never HOIST_…, which hoist would read as a
+    // config key) that the config reads and the pod fills from the Secret.
+    let env: BTreeMap<&str, &Yaml> = list(&container_["env"])
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), &e["valueFrom"]["secretKeyRef"]))
+        .collect();
+    assert_eq!(env.len(), list(&container_["env"]).len(), "unique names");
+    let mut used = BTreeSet::new();
+    for (profile, params) in values["auth"].as_hash().unwrap() {
+        let profile = profile.as_str().unwrap();
+        let rendered = &settings.auth[profile];
+        assert_eq!(rendered.len(), params.as_hash().unwrap().len(), "{profile}");
+        for (param, value) in params.as_hash().unwrap() {
+            let param = param.as_str().unwrap();
+            match (&rendered[param], value.as_str()) {
+                (AuthValue::Literal(literal), Some(wanted)) => assert_eq!(literal, wanted),
+                (AuthValue::Env { env: variable }, None) => {
+                    assert!(!variable.starts_with("HOIST_"), "{variable}");
+                    assert_eq!(
+                        *variable,
+                        format!("AUTH_{profile}_{param}")
+                            .to_uppercase()
+                            .replace(|c: char| !c.is_ascii_alphanumeric() && c != '_', "_")
+                    );
+                    let from = env
+                        .get(variable.as_str())
+                        .unwrap_or_else(|| panic!("{variable} is not set on the pod"));
+                    assert_eq!(json(from), json(&value["secretKeyRef"]), "{variable}");
+                    used.insert(variable.as_str());
+                }
+                (other, _) => panic!("{profile}.{param}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(used, env.keys().copied().collect(), "no stray variables");
+
+    // The interceptor's own Deployment, config and Services.
+    let interceptor = named(&docs, "Deployment", "hoist-interceptor");
+    assert_eq!(
+        interceptor["spec"]["replicas"],
+        values["interceptor"]["replicas"]
+    );
+    assert_ne!(pod_labels(interceptor), pod_labels(scaler));
+    let ic = container(interceptor);
+    assert_eq!(strings(&ic["args"])[0], "interceptor");
+    for (probe, kind_) in probe_kinds(ic) {
+        assert!(kind_.starts_with("HTTP admin /"), "{probe}: {kind_}");
+    }
+    let ports = container_ports(ic);
+    let interceptor_text = config_text(&docs, interceptor);
+    let (interceptor_rest, proxies) = split_interceptor("interceptor.toml", interceptor_text);
+    let proxies = proxies.expect("interceptor.toml has [interceptor]");
+    let interceptor_settings = load_ok("interceptor.toml without [interceptor]", &interceptor_rest);
+    assert_eq!(
+        i64::from(interceptor_settings.admin.listen.port()),
+        ports["admin"]
+    );
+    assert_eq!(
+        interceptor_settings.log.level, "debug",
+        "its own passthrough"
+    );
+    assert!(interceptor_settings.auth.is_empty(), "no credentials there");
+    assert!(ic["env"].is_badvalue(), "no credentials there");
+
+    let http = port_of(proxies["http_listen"].as_str().unwrap());
+    assert_eq!(http, ports["http"]);
+    assert_eq!(
+        Some(http),
+        values["interceptor"]["httpPort"].as_i64().or(Some(8080))
+    );
+    assert_eq!(proxies["max_held_per_route"].as_integer(), Some(1000));
+    let route_names = |routes: &toml::Value| -> Vec<String> {
+        routes
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let wanted_names = |routes: &Yaml| -> Vec<String> {
+        list(routes)
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        route_names(&proxies["http_routes"]),
+        wanted_names(&values["interceptor"]["httpRoutes"])
+    );
+    assert_eq!(
+        route_names(&proxies["tcp_routes"]),
+        wanted_names(&values["interceptor"]["tcpRoutes"])
+    );
+    let proxy = named(&docs, "Service", "hoist-interceptor-proxy");
+    assert!(!headless(proxy));
+    let proxy_ports = service_ports(proxy);
+    assert_eq!(proxy_ports["http"].0, http);
+    for route in proxies["tcp_routes"].as_array().unwrap() {
+        let port = port_of(route["listen"].as_str().unwrap());
+        let port_name = format!("tcp-{port}");
+        assert_eq!(ports.get(&port_name), Some(&port));
+        assert_eq!(proxy_ports[&port_name].0, port);
+    }
+    assert_eq!(
+        proxy_ports.len(),
+        1 + proxies["tcp_routes"].as_array().unwrap().len()
+    );
+
+    // hoist reads every replica through the headless admin Service.
+    let discovery = named(&docs, "Service", "hoist-interceptor");
+    assert!(headless(discovery));
+    let section = section.expect("hoist.toml has [interceptor] in split mode");
+    assert_eq!(
+        section["endpoints"],
+        toml::Value::Array(vec![
+            format!(
+                "hoist-interceptor.keda.svc.cluster.local:{}",
+                service_ports(discovery)["admin"].0
+            )
+            .into()
+        ])
+    );
+    assert!(
+        section.get("http_routes").is_none(),
+        "the routes live in the interceptor"
+    );
+    named(&docs, "PodDisruptionBudget", "hoist-interceptor");
+    named(&docs, "ConfigMap", "hoist-interceptor");
+}
+
+#[test]
+fn in_process_mode_opens_the_proxies_on_hoists_own_pods() {
+    let (file, values) = values_file("in-process-values.yaml");
+    let docs = render("edge", "apps", &[&file]);
+    check_consistency(&file, &docs);
+    let names: BTreeSet<&str> = docs.iter().map(name).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["edge-hoist", "edge-hoist-interceptor-proxy"]),
+        "no interceptor Deployment, ConfigMap or headless Service"
+    );
+
+    let scaler = named(&docs, "Deployment", "edge-hoist");
+    let container_ = container(scaler);
+    let ports = container_ports(container_);
+    let proxy = named(&docs, "Service", "edge-hoist-interceptor-proxy");
+    assert!(selects(
+        &labels(&proxy["spec"]["selector"]),
+        &pod_labels(scaler)
+    ));
+    let (rest, section) = split_interceptor("hoist.toml", config_text(&docs, scaler));
+    let section = section.expect("hoist.toml has [interceptor] in-process");
+    assert!(section.get("endpoints").is_none());
+    assert_eq!(
+        port_of(section["http_listen"].as_str().unwrap()),
+        ports["http"]
+    );
+    assert_eq!(service_ports(proxy)["http"].0, ports["http"]);
+    for route in section["tcp_routes"].as_array().unwrap() {
+        let port = port_of(route["listen"].as_str().unwrap());
+        assert_eq!(ports[&format!("tcp-{port}")], port);
+        assert_eq!(service_ports(proxy)[&format!("tcp-{port}")].0, port);
+    }
+
+    let settings = load_ok("hoist.toml without [interceptor]", &rest);
+    // Admin mTLS: kubelet has no client certificate, so no HTTP probe.
+    let admin = settings.admin.tls.clone().expect("admin TLS");
+    let (ca_volume, ca_key) =
+        volume_holding(scaler, admin.client_ca_file.unwrap().to_str().unwrap());
+    assert_eq!(
+        ca_volume["configMap"]["name"].as_str(),
+        values["tls"]["admin"]["clientCA"]["configMapName"].as_str()
+    );
+    assert_eq!(
+        Some(ca_key.as_str()),
+        values["tls"]["admin"]["clientCA"]["key"].as_str()
+    );
+    for (probe, kind_) in probe_kinds(container_) {
+        assert!(!kind_.contains("HTTP"), "{probe}: {kind_}");
+    }
+    // The state file on the claim; a file-based profile on an extra volume.
+    let state = settings.state_file.unwrap();
+    let (state_volume, _) = volume_holding(scaler, state.to_str().unwrap());
+    assert_eq!(
+        state_volume["persistentVolumeClaim"]["claimName"].as_str(),
+        Some("hoist-state")
+    );
+    let AuthValue::File { file: secret } = &settings.auth["cache"]["password"] else {
+        panic!("a file reference stays one")
+    };
+    let (secret_volume, _) = volume_holding(scaler, secret.to_str().unwrap());
+    assert_eq!(
+        secret_volume["secret"]["secretName"].as_str(),
+        Some("hoist-credentials")
+    );
+}
+
+#[test]
+#[ignore = "needs [interceptor] config (issue 6)"]
+fn every_rendered_config_loads_whole_with_hoists_loader() {
+    let defaults = serde_json::to_value(Settings::default()).unwrap();
+    let values_yaml = std::fs::read_to_string(root().join(CHART).join("values.yaml")).unwrap();
+    let chart_values = parse("values.yaml", &values_yaml);
+    assert_eq!(
+        port_of(defaults["interceptor"]["http_listen"].as_str().unwrap()),
+        chart_values[0]["interceptor"]["httpPort"].as_i64().unwrap(),
+        "the chart's HTTP port is hoist's default"
+    );
+    for (release, file) in [
+        ("hoist", "split-tls-auth-values.yaml"),
+        ("edge", "in-process-values.yaml"),
+    ] {
+        let (path, _) = values_file(file);
+        let docs = render(release, "keda", &[&path]);
+        for deployment in kind(&docs, "Deployment") {
+            let source = format!("{file}: {}", name(deployment));
+            let settings = load_ok(&source, config_text(&docs, deployment));
+            let json = serde_json::to_value(&settings).unwrap();
+            let interceptor = &json["interceptor"];
+            let split = file.starts_with("split");
+            let serve = strings(&container(deployment)["args"])[0] == "serve";
+            assert_eq!(
+                interceptor["endpoints"].as_array().unwrap().is_empty(),
+                !(split && serve),
+                "{source}: endpoints only on split mode's scaler"
+            );
+            assert_eq!(
+                interceptor["http_routes"].as_array().unwrap().is_empty(),
+                split && serve,
+                "{source}: routes where the proxies run"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_values_fail_the_render_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("interceptor:\n  mode: sideways\n", "interceptor"),
+        (
+            "auth:\n  a-b:\n    c: { secretKeyRef: { name: s, key: k } }\n  a:\n    b-c: { secretKeyRef: { name: s, key: k } }\n",
+            "AUTH_A_B_C",
+        ),
+        (
+            "interceptor:\n  mode: split\n  tcpRoutes:\n    - { name: db, listen: nowhere, upstream: db:5432 }\n",
+            "listen",
+        ),
+    ];
+    for (i, (values, reason)) in cases.into_iter().enumerate() {
+        let file = dir.path().join(format!("bad-{i}.yaml"));
+        std::fs::write(&file, values).unwrap();
+        let output = helm(&[
+            "template",
+            "hoist",
+            CHART,
+            "--values",
+            file.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{values}");
+        assert!(stderr.contains(reason), "{values}: {stderr}");
+    }
+    // A bare YAML `off` reads as false, and means off.
+    let file = dir.path().join("off.yaml");
+    std::fs::write(&file, "interceptor:\n  mode: off\n").unwrap();
+    let output = helm(&[
+        "template",
+        "hoist",
+        CHART,
+        "--values",
+        file.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("interceptor"));
+}
