@@ -71,8 +71,13 @@ fn triggers(c: &mut Criterion) {
     for (name, metadata) in &cases {
         c.bench_function(&format!("parse trigger metadata: {name}"), |b| {
             b.iter(|| {
-                parse(black_box(metadata), &profiles, defaults)
-                    .map(|config| config.trigger.metric_name)
+                parse(
+                    black_box(metadata),
+                    &profiles,
+                    defaults,
+                    &Default::default(),
+                )
+                .map(|config| config.trigger.metric_name)
             })
         });
     }

@@ -203,7 +203,11 @@ pub fn parse_config(params: &Params) -> Result<ServiceBusConfig, MetadataError> 
     })
 }
 
-fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError> {
+fn parse(
+    scaler: &'static str,
+    params: &Params,
+    _context: &super::Context,
+) -> Result<Trigger, MetadataError> {
     let config = parse_config(params)?;
     let name = match (&config.entity, config.pattern.is_some()) {
         (Entity::Queue { .. }, true) => "queue-regex".to_string(),
@@ -217,6 +221,7 @@ fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError
         metric_name: metric_name(&format!("azure-servicebus-{name}")),
         target: source.config.message_count as f64,
         target_key: "messageCount",
+        polling_interval: None,
         activation_target: source.config.activation_message_count as f64,
         query: Query {
             key: source.query_key(),

@@ -355,7 +355,11 @@ fn parse_kafka_version(text: &str) -> Result<(), String> {
     }
 }
 
-fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError> {
+fn parse(
+    scaler: &'static str,
+    params: &Params,
+    _context: &super::Context,
+) -> Result<Trigger, MetadataError> {
     let config = parse_config(params)?;
     let name = if config.topic.is_empty() {
         format!("kafka-{}-topics", config.consumer_group)
@@ -367,6 +371,7 @@ fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError
         metric_name: metric_name(&name),
         target: config.lag_threshold as f64,
         target_key: "lagThreshold",
+        polling_interval: None,
         activation_target: config.activation_lag_threshold as f64,
         query: Query {
             key: query_key(&config),

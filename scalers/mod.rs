@@ -6,12 +6,14 @@
 //! `registry!` line below.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
+use tokio::sync::watch;
 
 use crate::metadata::{MetadataError, Params};
 
-registry!(redis, kafka, azure_servicebus);
+registry!(redis, kafka, azure_servicebus, traffic);
 
 /// What one ScaledObject trigger measures, and what it compares it with.
 #[derive(Clone)]
@@ -26,7 +28,31 @@ pub struct Trigger {
     pub target_key: &'static str,
     /// Active when the value is strictly above this.
     pub activation_target: f64,
+    /// The polling interval the trigger's measurement is defined for, used
+    /// when the metadata sets none (ACA evaluates HTTP rules every 15 s).
+    pub polling_interval: Option<Duration>,
     pub query: Query,
+}
+
+/// hoist's own parts a trigger may measure, besides outside sources.
+#[derive(Clone, Default)]
+pub struct Context {
+    /// The interceptor's traffic counts (`http` and `tcp` triggers).
+    pub traffic: Option<crate::interceptor::traffic::Traffic>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::interceptor::traffic::Traffic;
+        let traffic = match &self.traffic {
+            None => "none",
+            Some(Traffic::Local(_)) => "in-process interceptor",
+            Some(Traffic::Remote(_)) => "interceptor fleet",
+        };
+        f.debug_struct("Context")
+            .field("traffic", &traffic)
+            .finish()
+    }
 }
 
 /// A question asked of a source. Triggers whose queries have equal keys
@@ -49,6 +75,12 @@ pub trait Source: Send + Sync + 'static {
     /// Measures the current value once. The caller bounds it with a timeout
     /// and may drop the future at any point.
     fn observe(&self) -> BoxFuture<'_, Result<Measurement, ObserveError>>;
+
+    /// Ticks when the source knows its value just changed in a way that
+    /// cannot wait for the next poll (a request held for an app at zero).
+    fn wakeups(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// One measurement: the value reported to KEDA, and the value compared
@@ -88,7 +120,11 @@ pub enum ObserveError {
 /// and its parser.
 pub struct Kind {
     pub scalers: &'static [&'static str],
-    pub parse: fn(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError>,
+    pub parse: fn(
+        scaler: &'static str,
+        params: &Params,
+        context: &Context,
+    ) -> Result<Trigger, MetadataError>,
 }
 
 macro_rules! registry {
@@ -109,10 +145,10 @@ pub fn scaler_names() -> Vec<&'static str> {
 }
 
 /// Parses the trigger selected by `scaler`.
-pub fn parse(scaler: &str, params: &Params) -> Result<Trigger, MetadataError> {
+pub fn parse(scaler: &str, params: &Params, context: &Context) -> Result<Trigger, MetadataError> {
     for kind in REGISTRY {
         if let Some(name) = kind.scalers.iter().find(|name| **name == scaler) {
-            return (kind.parse)(name, params);
+            return (kind.parse)(name, params, context);
         }
     }
     Err(MetadataError::invalid(
@@ -163,7 +199,9 @@ mod tests {
     fn unknown_scaler_lists_the_valid_ones() {
         let md = Default::default();
         let auth = Default::default();
-        let err = parse("rabbitmq", &Params::new(&md, &auth)).err().unwrap();
+        let err = parse("rabbitmq", &Params::new(&md, &auth), &Context::default())
+            .err()
+            .unwrap();
         let message = err.to_string();
         assert!(message.contains("`scaler`"), "{message}");
         assert!(message.contains("rabbitmq"), "{message}");

@@ -183,7 +183,11 @@ pub fn parse_config(mode: Mode, params: &Params) -> Result<RedisConfig, Metadata
     })
 }
 
-fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError> {
+fn parse(
+    scaler: &'static str,
+    params: &Params,
+    _context: &super::Context,
+) -> Result<Trigger, MetadataError> {
     let mode = match scaler {
         "redis-cluster" => Mode::Cluster,
         "redis-sentinel" => Mode::Sentinel,
@@ -195,6 +199,7 @@ fn parse(scaler: &'static str, params: &Params) -> Result<Trigger, MetadataError
         metric_name: metric_name(&format!("redis-{}", config.list_name)),
         target: config.list_length as f64,
         target_key: "listLength",
+        polling_interval: None,
         activation_target: config.activation_list_length as f64,
         query: Query {
             key: query_key(scaler, &config),

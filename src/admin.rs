@@ -1,4 +1,5 @@
-//! The admin HTTP listener: `/healthz`, `/readyz`, `/metrics`, `/status`.
+//! The admin HTTP listener: `/healthz`, `/readyz`, `/metrics`, `/status`
+//! (scaler), `/interceptor/*` (interceptor).
 
 use std::sync::Arc;
 
@@ -15,18 +16,28 @@ use crate::driver::Driver;
 #[derive(Clone)]
 pub struct AdminState {
     pub registry: Arc<Registry>,
-    pub driver: Driver,
+    /// The scaler's driver; none in `hoist interceptor`.
+    pub driver: Option<Driver>,
+    /// This process's interceptor routes, if it runs one.
+    pub interceptor: Option<Arc<crate::interceptor::Routes>>,
     /// True while hoist is serving; false while starting or shutting down.
     pub ready: watch::Receiver<bool>,
 }
 
 pub fn router(state: AdminState) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/status", get(status))
-        .with_state(state)
+        .route("/metrics", get(metrics));
+    if state.driver.is_some() {
+        router = router.route("/status", get(status));
+    }
+    let interceptor = state.interceptor.clone();
+    let mut router = router.with_state(state);
+    if let Some(routes) = interceptor {
+        router = router.merge(crate::interceptor::report::router(routes));
+    }
+    router
 }
 
 /// Alive as long as the process answers.
@@ -45,8 +56,11 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     }
 }
 
-async fn status(State(state): State<AdminState>) -> impl IntoResponse {
-    axum::Json(crate::status::snapshot(&state.driver))
+async fn status(State(state): State<AdminState>) -> axum::response::Response {
+    match &state.driver {
+        Some(driver) => axum::Json(crate::status::snapshot(driver)).into_response(),
+        None => (StatusCode::NOT_FOUND, "no scaler in this process\n").into_response(),
+    }
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {

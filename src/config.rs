@@ -36,6 +36,216 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Named credentials a ScaledObject can use with `authRef: <name>`.
     pub auth: BTreeMap<String, AuthProfile>,
+    /// The HTTP and TCP proxies behind the `http` and `tcp` triggers.
+    pub interceptor: InterceptorSettings,
+}
+
+/// The interceptor: its routes (run by `hoist interceptor`, and by `hoist
+/// serve` when `endpoints` is empty), or where a scaler finds interceptors
+/// that run as their own Deployment (`endpoints`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InterceptorSettings {
+    /// The HTTP proxy's listener (bound when there are HTTP routes).
+    pub http_listen: SocketAddr,
+    /// How long a request waits for an upstream at zero to accept a
+    /// connection before it gets a 504 (a TCP connection is closed).
+    #[serde(with = "humantime_serde")]
+    pub cold_start_timeout: Duration,
+    /// Requests (connections) held per route at most; more get a 503.
+    pub max_held_per_route: usize,
+    /// Split setup, scaler side: `host:port` of the interceptors' admin
+    /// ports. A headless Service name resolves to every replica.
+    pub endpoints: Vec<String>,
+    /// Bound on reading one interceptor replica's counters.
+    #[serde(with = "humantime_serde")]
+    pub read_timeout: Duration,
+    pub http_routes: Vec<HttpRouteSettings>,
+    pub tcp_routes: Vec<TcpRouteSettings>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpRouteSettings {
+    /// What `route:` in a ScaledObject names.
+    pub name: String,
+    /// Requests whose `Host` (or HTTP/2 authority) is this host, any port.
+    pub host: String,
+    /// Only requests whose path is this prefix or under it (whole segments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    /// `host:port` the requests go to.
+    pub upstream: String,
+    /// Speak HTTP/2 without TLS (h2c) to the upstream, e.g. for gRPC apps.
+    #[serde(default)]
+    pub upstream_http2: bool,
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cold_start_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcpRouteSettings {
+    pub name: String,
+    pub listen: SocketAddr,
+    pub upstream: String,
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cold_start_timeout: Option<Duration>,
+}
+
+impl Default for InterceptorSettings {
+    fn default() -> Self {
+        Self {
+            http_listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            cold_start_timeout: Duration::from_secs(60),
+            max_held_per_route: 1000,
+            endpoints: Vec::new(),
+            read_timeout: Duration::from_secs(1),
+            http_routes: Vec::new(),
+            tcp_routes: Vec::new(),
+        }
+    }
+}
+
+impl InterceptorSettings {
+    /// Whether this process has routes to proxy.
+    pub fn has_routes(&self) -> bool {
+        !self.http_routes.is_empty() || !self.tcp_routes.is_empty()
+    }
+
+    /// Whether `hoist serve` runs the proxies itself (else it reads remote
+    /// interceptors, or has no `http`/`tcp` triggers at all).
+    pub fn in_process(&self) -> bool {
+        self.endpoints.is_empty() && self.has_routes()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: String, reason: String| ConfigError::Invalid { key, reason };
+        if self.cold_start_timeout.is_zero() {
+            return Err(invalid(
+                "interceptor.cold_start_timeout".into(),
+                "must be more than zero".into(),
+            ));
+        }
+        if self.read_timeout.is_zero() {
+            return Err(invalid(
+                "interceptor.read_timeout".into(),
+                "must be more than zero".into(),
+            ));
+        }
+        if self.max_held_per_route == 0 {
+            return Err(invalid(
+                "interceptor.max_held_per_route".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        for endpoint in &self.endpoints {
+            if !host_port(endpoint) {
+                return Err(invalid(
+                    "interceptor.endpoints".into(),
+                    format!("`{endpoint}` is not host:port (an interceptor's admin port)"),
+                ));
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        let mut listens = std::collections::BTreeSet::new();
+        let routes = self
+            .http_routes
+            .iter()
+            .map(|r| ("http_routes", &r.name, &r.upstream, r.cold_start_timeout))
+            .chain(
+                self.tcp_routes
+                    .iter()
+                    .map(|r| ("tcp_routes", &r.name, &r.upstream, r.cold_start_timeout)),
+            );
+        for (list, name, upstream, cold_start) in routes {
+            let key = |field: &str| format!("interceptor.{list}[{name}].{field}");
+            let name_ok = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            if !name_ok {
+                return Err(invalid(
+                    format!("interceptor.{list}.name"),
+                    format!("`{name}` must be letters, digits, `-`, `_` or `.`"),
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return Err(invalid(key("name"), "another route has this name".into()));
+            }
+            if !host_port(upstream) {
+                return Err(invalid(
+                    key("upstream"),
+                    format!("`{upstream}` is not host:port"),
+                ));
+            }
+            if cold_start.is_some_and(|timeout| timeout.is_zero()) {
+                return Err(invalid(
+                    key("cold_start_timeout"),
+                    "must be more than zero".into(),
+                ));
+            }
+        }
+        let mut hosts = std::collections::BTreeSet::new();
+        for route in &self.http_routes {
+            let key = |field: &str| format!("interceptor.http_routes[{}].{field}", route.name);
+            if route.host.is_empty() || route.host.contains(['/', ' ', ':']) {
+                return Err(invalid(
+                    key("host"),
+                    format!(
+                        "`{}` is not a host name (no port, scheme or path)",
+                        route.host
+                    ),
+                ));
+            }
+            if let Some(prefix) = &route.path_prefix
+                && !prefix.starts_with('/')
+            {
+                return Err(invalid(
+                    key("path_prefix"),
+                    format!("`{prefix}` must start with `/`"),
+                ));
+            }
+            let prefix = route
+                .path_prefix
+                .as_deref()
+                .unwrap_or("/")
+                .trim_end_matches('/');
+            if !hosts.insert((route.host.to_ascii_lowercase(), prefix.to_string())) {
+                return Err(invalid(
+                    key("host"),
+                    "another route serves the same host and path prefix".into(),
+                ));
+            }
+        }
+        if !self.http_routes.is_empty() {
+            listens.insert(self.http_listen);
+        }
+        for route in &self.tcp_routes {
+            if route.listen.port() != 0 && !listens.insert(route.listen) {
+                return Err(invalid(
+                    format!("interceptor.tcp_routes[{}].listen", route.name),
+                    format!("{} is already used by another route", route.listen),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A `host:port` with a numeric port and nothing else.
+fn host_port(address: &str) -> bool {
+    address.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && port.parse::<u16>().is_ok() && crate::scalers::plain_address(address)
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,6 +339,7 @@ impl Default for Settings {
             state_file: None,
             shutdown_grace: Duration::from_secs(10),
             auth: BTreeMap::new(),
+            interceptor: InterceptorSettings::default(),
         }
     }
 }
@@ -262,6 +473,7 @@ impl Settings {
                 reason: "must be at most one hour".to_string(),
             });
         }
+        self.interceptor.validate()?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return Err(ConfigError::Invalid {
                 key: "log.level".to_string(),

@@ -8,6 +8,7 @@ pub mod decide;
 pub mod driver;
 pub mod engine;
 pub mod grpc;
+pub mod interceptor;
 pub mod logging;
 pub mod metadata;
 pub mod metrics;

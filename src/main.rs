@@ -23,6 +23,10 @@ enum Command {
     /// Serve the KEDA ExternalScaler gRPC API (with gRPC health and
     /// reflection) and the admin HTTP listener (/healthz, /readyz, /metrics).
     Serve(ConfigArgs),
+    /// Run only the interceptor: the HTTP and TCP proxies of the config's
+    /// [[interceptor.*_routes]], and the admin listener whose
+    /// /interceptor/routes the scaler reads (`interceptor.endpoints`).
+    Interceptor(ConfigArgs),
     /// Validate the configuration and print the effective result, with
     /// credentials masked. Exits non-zero when something is wrong.
     CheckConfig(ConfigArgs),
@@ -159,6 +163,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 tracing::warn!(%problem, "auth profile cannot be resolved yet");
             }
             let server = hoist::server::Server::bind(settings).await?;
+            server.run(termination()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Interceptor(args) => {
+            let settings = args.load()?;
+            hoist::logging::init(&settings.log);
+            let server = hoist::server::Server::bind_interceptor(settings).await?;
             server.run(termination()).await?;
             Ok(ExitCode::SUCCESS)
         }

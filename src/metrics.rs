@@ -118,3 +118,80 @@ impl Default for Metrics {
         Self::new()
     }
 }
+
+/// The interceptor's per-route counters, read at scrape time.
+pub struct RouteTraffic(pub std::sync::Arc<crate::interceptor::Routes>);
+
+impl std::fmt::Debug for RouteTraffic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RouteTraffic")
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+    protocol: &'static str,
+}
+
+impl prometheus_client::collector::Collector for RouteTraffic {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::MetricType;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+
+        let now = tokio::time::Instant::now();
+        let loads: Vec<_> = self
+            .0
+            .iter()
+            .map(|(name, route)| {
+                let labels = RouteLabels {
+                    route: name.clone(),
+                    protocol: match route.protocol {
+                        crate::interceptor::Protocol::Http => "http",
+                        crate::interceptor::Protocol::Tcp => "tcp",
+                    },
+                };
+                (labels, route.counters.load(now))
+            })
+            .collect();
+        let mut started = encoder.encode_descriptor(
+            "hoist_interceptor_started",
+            "Requests (HTTP) or connections (TCP) the interceptor took per route",
+            None,
+            MetricType::Counter,
+        )?;
+        for (labels, load) in &loads {
+            ConstCounter::new(load.started_total).encode(started.encode_family(labels)?)?;
+        }
+        type Read = fn(&crate::interceptor::counters::Load) -> f64;
+        let gauges: [(&str, &str, Read); 3] = [
+            (
+                "hoist_interceptor_in_flight",
+                "Requests or connections open now, held ones included",
+                |l| l.in_flight as f64,
+            ),
+            (
+                "hoist_interceptor_held",
+                "Requests or connections waiting for an upstream at zero",
+                |l| l.held as f64,
+            ),
+            (
+                "hoist_interceptor_rate",
+                "Requests or connections per second over the past 15 s",
+                |l| l.rate,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, load) in &loads {
+                ConstGauge::new(value(load)).encode(family.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -41,7 +41,19 @@ pub async fn probe(
         polling_interval: settings.polling.default_interval,
         timeout: settings.polling.default_timeout,
     };
-    let config = trigger::parse(metadata, &settings.auth_profiles(), defaults)?;
+    // `http`/`tcp` triggers are probed through interceptors' admin ports
+    // (`interceptor.endpoints`): the proxies run in another process.
+    let context = crate::scalers::Context {
+        traffic: (!settings.interceptor.endpoints.is_empty()).then(|| {
+            crate::interceptor::traffic::Traffic::Remote(std::sync::Arc::new(
+                crate::interceptor::fleet::Fleet::new(
+                    settings.interceptor.endpoints.clone(),
+                    settings.interceptor.read_timeout,
+                ),
+            ))
+        }),
+    };
+    let config = trigger::parse(metadata, &settings.auth_profiles(), defaults, &context)?;
     let trigger = &config.trigger;
     let outcome = tokio::time::timeout(config.timeout, trigger.query.source.observe()).await;
     let value = match outcome {

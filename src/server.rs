@@ -16,7 +16,11 @@ use crate::admin::{self, AdminState};
 use crate::config::Settings;
 use crate::driver::{Driver, DriverSettings, SourcePattern, TriggerValues};
 use crate::grpc::ScalerService;
+use crate::interceptor::Interceptor;
+use crate::interceptor::fleet::Fleet;
+use crate::interceptor::traffic::Traffic;
 use crate::metrics::Metrics;
+use crate::metrics::RouteTraffic;
 use crate::persist;
 use crate::proto::external_scaler_server::ExternalScalerServer;
 use crate::tls::{self, TlsListener};
@@ -39,31 +43,74 @@ pub enum ServerError {
     Admin(#[source] std::io::Error),
     #[error("TLS")]
     Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    Interceptor(#[from] crate::interceptor::InterceptorError),
+    #[error(
+        "`hoist interceptor` needs routes: add [[interceptor.http_routes]] or [[interceptor.tcp_routes]] to the config"
+    )]
+    NoRoutes,
 }
 
 /// Listeners bound, nothing served yet: tests bind to port 0 and read the
 /// real addresses before running.
 pub struct Server {
     settings: Settings,
-    grpc: TcpListener,
+    /// None in `hoist interceptor`, which serves no gRPC.
+    grpc: Option<TcpListener>,
     admin: TcpListener,
+    interceptor: Option<Interceptor>,
 }
 
 impl Server {
+    /// `hoist serve`: the scaler, plus the interceptor's proxies when it
+    /// has routes and no remote interceptors to read.
     pub async fn bind(settings: Settings) -> Result<Self, ServerError> {
         let grpc = bind("gRPC", settings.grpc.listen).await?;
         let admin = bind("admin", settings.admin.listen).await?;
+        let interceptor = if settings.interceptor.in_process() {
+            Some(Interceptor::bind(&settings.interceptor).await?)
+        } else {
+            None
+        };
         Ok(Self {
             settings,
-            grpc,
+            grpc: Some(grpc),
             admin,
+            interceptor,
         })
     }
 
-    pub fn grpc_addr(&self) -> SocketAddr {
-        self.grpc
-            .local_addr()
-            .expect("a bound listener has an address")
+    /// `hoist interceptor`: the proxies and the admin port only.
+    pub async fn bind_interceptor(settings: Settings) -> Result<Self, ServerError> {
+        if !settings.interceptor.has_routes() {
+            return Err(ServerError::NoRoutes);
+        }
+        let admin = bind("admin", settings.admin.listen).await?;
+        let interceptor = Interceptor::bind(&settings.interceptor).await?;
+        Ok(Self {
+            settings,
+            grpc: None,
+            admin,
+            interceptor: Some(interceptor),
+        })
+    }
+
+    /// The gRPC address; none for `hoist interceptor`.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc.as_ref().and_then(|grpc| grpc.local_addr().ok())
+    }
+
+    /// The HTTP proxy's address, when this process proxies HTTP.
+    pub fn http_proxy_addr(&self) -> Option<SocketAddr> {
+        self.interceptor.as_ref().and_then(Interceptor::http_addr)
+    }
+
+    /// Each TCP route's listener, by route name.
+    pub fn tcp_proxy_addrs(&self) -> std::collections::BTreeMap<String, SocketAddr> {
+        self.interceptor
+            .as_ref()
+            .map(Interceptor::tcp_addrs)
+            .unwrap_or_default()
     }
 
     pub fn admin_addr(&self) -> SocketAddr {
@@ -80,12 +127,37 @@ impl Server {
             settings,
             grpc,
             admin,
+            interceptor,
         } = self;
+        let Some(grpc) = grpc else {
+            return run_interceptor(settings, admin, interceptor, shutdown).await;
+        };
         let metrics = Arc::new(Metrics::new());
         let mut registry = Registry::default();
         metrics.register(&mut registry);
 
         let cancel = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let routes = interceptor.as_ref().map(Interceptor::routes);
+        let traffic = match &routes {
+            Some(routes) => Some(Traffic::Local(routes.clone())),
+            None if !settings.interceptor.endpoints.is_empty() => {
+                let fleet = Arc::new(Fleet::new(
+                    settings.interceptor.endpoints.clone(),
+                    settings.interceptor.read_timeout,
+                ));
+                tokio::spawn(fleet.clone().watch_cold_starts(cancel.clone()));
+                Some(Traffic::Remote(fleet))
+            }
+            None => None,
+        };
+        if let Some(routes) = &routes {
+            registry.register_collector(Box::new(RouteTraffic(routes.clone())));
+        }
+        let proxies = interceptor.map(|interceptor| {
+            info!(http = ?interceptor.http_addr(), tcp = ?interceptor.tcp_addrs(), "interceptor is proxying");
+            tokio::spawn(interceptor.run(stop.clone(), settings.shutdown_grace))
+        });
         let driver = Driver::new(
             DriverSettings {
                 defaults: Defaults {
@@ -101,6 +173,7 @@ impl Server {
                     .iter()
                     .filter_map(|pattern| SourcePattern::new(pattern).ok())
                     .collect(),
+                context: crate::scalers::Context { traffic },
             },
             settings.auth_profiles(),
             metrics.clone(),
@@ -134,7 +207,6 @@ impl Server {
         let scaler = ExternalScalerServer::new(ScalerService::new(driver.clone(), metrics.clone()));
 
         let (ready_tx, ready) = watch::channel(false);
-        let stop = CancellationToken::new();
         let grpc_addr = grpc.local_addr().ok();
         let grpc_router = tonic::transport::Server::builder()
             .add_service(health_service)
@@ -154,28 +226,11 @@ impl Server {
         let admin_addr = admin.local_addr().ok();
         let admin_router = admin::router(AdminState {
             registry: Arc::new(registry),
-            driver: driver.clone(),
+            driver: Some(driver.clone()),
+            interceptor: routes,
             ready,
         });
-        let admin_signal = stop.clone().cancelled_owned();
-        let admin_task = match &settings.admin.tls {
-            None => tokio::spawn(async move {
-                axum::serve(admin, admin_router)
-                    .with_graceful_shutdown(admin_signal)
-                    .await
-                    .map_err(ServerError::Admin)
-            }),
-            Some(tls) => {
-                let listener =
-                    TlsListener::new(admin, tls::acceptor(tls, stop.clone())?, stop.clone());
-                tokio::spawn(async move {
-                    axum::serve(listener, admin_router)
-                        .with_graceful_shutdown(admin_signal)
-                        .await
-                        .map_err(ServerError::Admin)
-                })
-            }
-        };
+        let admin_task = serve_admin(&settings, admin, admin_router, &stop)?;
         ready_tx.send_replace(true);
         info!(grpc = ?grpc_addr, admin = ?admin_addr, "hoist is serving");
 
@@ -194,6 +249,9 @@ impl Server {
         let finished = tokio::time::timeout(settings.shutdown_grace, async {
             let grpc = grpc_task.await;
             let admin = admin_task.await;
+            if let Some(proxies) = proxies {
+                let _ = proxies.await;
+            }
             (grpc, admin)
         })
         .await;
@@ -213,6 +271,73 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// `hoist interceptor`: the proxies and the admin port (health, metrics,
+/// the counters the scaler reads) until `shutdown`.
+async fn run_interceptor(
+    settings: Settings,
+    admin: TcpListener,
+    interceptor: Option<Interceptor>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    let interceptor = interceptor.ok_or(ServerError::NoRoutes)?;
+    let routes = interceptor.routes();
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(RouteTraffic(routes.clone())));
+    let stop = CancellationToken::new();
+    let (ready_tx, ready) = watch::channel(false);
+    let admin_addr = admin.local_addr().ok();
+    let admin_router = admin::router(AdminState {
+        registry: Arc::new(registry),
+        driver: None,
+        interceptor: Some(routes),
+        ready,
+    });
+    let admin_task = serve_admin(&settings, admin, admin_router, &stop)?;
+    info!(http = ?interceptor.http_addr(), tcp = ?interceptor.tcp_addrs(), admin = ?admin_addr, "hoist interceptor is proxying");
+    let proxies = tokio::spawn(interceptor.run(stop.clone(), settings.shutdown_grace));
+    ready_tx.send_replace(true);
+
+    shutdown.await;
+    info!(grace = ?settings.shutdown_grace, "shutting down");
+    ready_tx.send_replace(false);
+    stop.cancel();
+    // The proxies bound their own drain by the grace period.
+    let _ = proxies.await;
+    match tokio::time::timeout(settings.shutdown_grace, admin_task).await {
+        Ok(Ok(result)) => result?,
+        Ok(Err(_)) => {}
+        Err(_) => warn!("admin connections still open after the grace period; exiting anyway"),
+    }
+    info!("shutdown complete");
+    Ok(())
+}
+
+fn serve_admin(
+    settings: &Settings,
+    admin: TcpListener,
+    router: axum::Router,
+    stop: &CancellationToken,
+) -> Result<tokio::task::JoinHandle<Result<(), ServerError>>, ServerError> {
+    let signal = stop.clone().cancelled_owned();
+    Ok(match &settings.admin.tls {
+        None => tokio::spawn(async move {
+            axum::serve(admin, router)
+                .with_graceful_shutdown(signal)
+                .await
+                .map_err(ServerError::Admin)
+        }),
+        Some(tls) => {
+            let listener = TlsListener::new(admin, tls::acceptor(tls, stop.clone())?, stop.clone());
+            tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(signal)
+                    .await
+                    .map_err(ServerError::Admin)
+            })
+        }
+    })
 }
 
 /// How often engine state is written to `state_file` while serving.

@@ -43,6 +43,7 @@ pub fn parse(
     metadata: &HashMap<String, String>,
     profiles: &AuthProfiles,
     defaults: Defaults,
+    context: &scalers::Context,
 ) -> Result<TriggerConfig, MetadataError> {
     let no_auth = AuthParams::new();
     let bare = Params::new(metadata, &no_auth);
@@ -60,9 +61,12 @@ pub fn parse(
         None => AuthParams::new(),
     };
     let params = Params::new(metadata, &auth);
+    let trigger = scalers::parse(scaler.value, &params, context)?;
 
     let polling_interval = match params.find(&["pollingInterval"], &[Origin::Metadata]) {
-        None => defaults.polling_interval,
+        None => trigger
+            .polling_interval
+            .unwrap_or(defaults.polling_interval),
         Some(_) => {
             let seconds = params.number::<u64>(&["pollingInterval"], &[Origin::Metadata], 0)?;
             if !(1..=MAX_POLLING_INTERVAL).contains(&seconds) {
@@ -101,7 +105,6 @@ pub fn parse(
         }
     };
 
-    let trigger = scalers::parse(scaler.value, &params)?;
     if matches!(scaling_mode, ScalingMode::Engine(_))
         && (trigger.target.is_nan() || trigger.target <= 0.0)
     {
@@ -132,7 +135,12 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        parse(&metadata, &AuthProfiles::default(), DEFAULTS)
+        parse(
+            &metadata,
+            &AuthProfiles::default(),
+            DEFAULTS,
+            &Default::default(),
+        )
     }
 
     const REDIS: [(&str, &str); 3] = [

@@ -146,7 +146,12 @@ fn keda_redis_cases() {
     let mut checked_fields = 0;
     let cases = cases("redis");
     for case in &cases {
-        let parsed = trigger::parse(&case.metadata, &case.profiles, DEFAULTS);
+        let parsed = trigger::parse(
+            &case.metadata,
+            &case.profiles,
+            DEFAULTS,
+            &Default::default(),
+        );
         assert_eq!(
             parsed.is_err(),
             case.expect_error,
@@ -340,7 +345,12 @@ mod kafka {
                 }
                 _ => {}
             }
-            let parsed = hoist::trigger::parse(&case.metadata, &case.profiles, DEFAULTS);
+            let parsed = hoist::trigger::parse(
+                &case.metadata,
+                &case.profiles,
+                DEFAULTS,
+                &Default::default(),
+            );
             assert_eq!(
                 parsed.is_err(),
                 case.expect_error,
@@ -382,7 +392,12 @@ mod servicebus {
         let mut compared = 0;
         for case in &all {
             let raw = &case.raw;
-            let parsed = hoist::trigger::parse(&case.metadata, &case.profiles, DEFAULTS);
+            let parsed = hoist::trigger::parse(
+                &case.metadata,
+                &case.profiles,
+                DEFAULTS,
+                &Default::default(),
+            );
             assert_eq!(
                 parsed.is_err(),
                 case.expect_error,

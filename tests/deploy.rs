@@ -201,7 +201,6 @@ fn the_interceptor_manifest_agrees_with_its_services_and_hoists_config() {
 }
 
 #[test]
-#[ignore = "needs [interceptor] config (issue 6)"]
 fn the_interceptor_configs_load_with_hoists_loader() {
     let docs = documents("deploy/kubernetes");
     let defaults = serde_json::to_value(Settings::default()).unwrap();
@@ -278,6 +277,7 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
                     polling_interval: std::time::Duration::from_secs(30),
                     timeout: std::time::Duration::from_secs(3),
                 },
+                &Default::default(),
             )
             .unwrap_or_else(|e| panic!("{:?}: {e}", scaled_object["metadata"]["name"]));
         }
@@ -301,9 +301,10 @@ fn the_image_exposes_hoists_ports_and_runs_as_non_root() {
     let dockerfile = std::fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
     let defaults = Settings::default();
     let expose = format!(
-        "EXPOSE {} {}",
+        "EXPOSE {} {} {}",
         defaults.grpc.listen.port(),
-        defaults.admin.listen.port()
+        defaults.admin.listen.port(),
+        defaults.interceptor.http_listen.port()
     );
     assert!(dockerfile.contains(&expose), "{expose}");
     assert!(dockerfile.contains("USER 65532:65532"));

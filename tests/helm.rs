@@ -460,7 +460,6 @@ fn in_process_mode_opens_the_proxies_on_hoists_own_pods() {
 }
 
 #[test]
-#[ignore = "needs [interceptor] config (issue 6)"]
 fn every_rendered_config_loads_whole_with_hoists_loader() {
     let defaults = serde_json::to_value(Settings::default()).unwrap();
     let values_yaml = std::fs::read_to_string(root().join(CHART).join("values.yaml")).unwrap();

@@ -40,6 +40,8 @@ pub struct DriverSettings {
     pub max_tracked_triggers: usize,
     /// Empty: every source is allowed.
     pub allowed_sources: Vec<SourcePattern>,
+    /// hoist's own parts triggers may measure (the interceptor).
+    pub context: crate::scalers::Context,
 }
 
 impl DriverSettings {
@@ -51,6 +53,7 @@ impl DriverSettings {
             max_metadata_bytes: usize::MAX,
             max_tracked_triggers: usize::MAX,
             allowed_sources: Vec::new(),
+            context: Default::default(),
         }
     }
 }
@@ -319,6 +322,7 @@ impl Driver {
             &key.metadata_map(),
             &self.inner.profiles,
             self.inner.settings.defaults,
+            &self.inner.settings.context,
         )?;
         if !settings.allowed_sources.is_empty()
             && let Some(endpoint) = config

@@ -124,6 +124,7 @@ struct PollLoop {
 impl PollLoop {
     async fn run(mut self) {
         let description = self.query.description.clone();
+        let mut wakeups = self.query.source.wakeups();
         debug!(source = %description, "poller started");
         let mut failures: u32 = 0;
         loop {
@@ -190,6 +191,9 @@ impl PollLoop {
                         return;
                     }
                     _ = sleep_until_or_forever(started.checked_add(wait)) => break,
+                    // The source says its value just changed (a cold start
+                    // began): measure now, not at the next tick.
+                    () = woken(&mut wakeups) => break,
                     changed = self.schedule.changed() => {
                         if changed.is_err() {
                             return;
@@ -199,6 +203,15 @@ impl PollLoop {
             }
         }
         debug!(source = %description, "poller stopped");
+    }
+}
+
+async fn woken(wakeups: &mut Option<watch::Receiver<u64>>) {
+    let Some(receiver) = wakeups else {
+        return std::future::pending().await;
+    };
+    if receiver.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 

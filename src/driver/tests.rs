@@ -61,6 +61,7 @@ fn driver(idle_after: Duration) -> Driver {
 fn config(source: &Arc<Counter>, query_key: &str, interval_s: u64) -> TriggerConfig {
     TriggerConfig {
         trigger: Trigger {
+            polling_interval: None,
             scaler: "counter",
             metric_name: "counter".into(),
             target: 5.0,
@@ -271,6 +272,7 @@ impl Source for Gauge {
 fn engine_config(source: Arc<Gauge>, metric: &str, rules: crate::engine::Rules) -> TriggerConfig {
     TriggerConfig {
         trigger: Trigger {
+            polling_interval: None,
             scaler: "gauge",
             metric_name: metric.into(),
             target: 5.0,

@@ -319,6 +319,10 @@ impl Drop for RedisSentinel {
 pub struct Hoist {
     pub grpc: SocketAddr,
     pub admin: SocketAddr,
+    /// The in-process interceptor's HTTP proxy, when it has HTTP routes.
+    pub http_proxy: Option<SocketAddr>,
+    /// The in-process interceptor's TCP listeners, by route.
+    pub tcp_proxies: std::collections::BTreeMap<String, SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServerError>>>,
 }
@@ -331,8 +335,25 @@ impl Hoist {
     pub async fn start_with(mut settings: Settings) -> Self {
         settings.grpc.listen = "127.0.0.1:0".parse().unwrap();
         settings.admin.listen = "127.0.0.1:0".parse().unwrap();
-        let server = Server::bind(settings).await.expect("hoist binds");
-        let (grpc, admin) = (server.grpc_addr(), server.admin_addr());
+        Self::run(Server::bind(settings).await.expect("hoist binds"))
+    }
+
+    /// `hoist interceptor` alone: proxies and admin, no gRPC (`grpc` is
+    /// the admin address, unused).
+    pub async fn start_interceptor(mut settings: Settings) -> Self {
+        settings.admin.listen = "127.0.0.1:0".parse().unwrap();
+        Self::run(
+            Server::bind_interceptor(settings)
+                .await
+                .expect("the interceptor binds"),
+        )
+    }
+
+    fn run(server: Server) -> Self {
+        let admin = server.admin_addr();
+        let grpc = server.grpc_addr().unwrap_or(admin);
+        let http_proxy = server.http_proxy_addr();
+        let tcp_proxies = server.tcp_proxy_addrs();
         let (shutdown, signal) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async {
             let _ = signal.await;
@@ -340,6 +361,8 @@ impl Hoist {
         Self {
             grpc,
             admin,
+            http_proxy,
+            tcp_proxies,
             shutdown: Some(shutdown),
             task: Some(task),
         }

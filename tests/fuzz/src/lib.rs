@@ -16,5 +16,5 @@ pub fn parse_metadata(scaler: &str, data: &[u8]) {
         polling_interval: std::time::Duration::from_secs(30),
         timeout: std::time::Duration::from_secs(3),
     };
-    let _ = hoist::trigger::parse(&metadata, &Default::default(), defaults);
+    let _ = hoist::trigger::parse(&metadata, &Default::default(), defaults, &Default::default());
 }

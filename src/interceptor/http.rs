@@ -1,0 +1,513 @@
+//! The HTTP interceptor: a reverse proxy (HTTP/1.1 and h2c in, HTTP/1.1 or
+//! h2c out) that routes by host and path prefix, counts every request, and
+//! holds requests through an upstream's cold start.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::counters::{InFlight, RouteCounters};
+use super::upstream::{Upstream, UpstreamError};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// One HTTP route: which requests it takes and where they go.
+pub struct HttpRoute {
+    pub name: String,
+    /// Lower case, without a port.
+    pub host: String,
+    pub path_prefix: Option<String>,
+    pub counters: Arc<RouteCounters>,
+    pub upstream_http2: bool,
+    client: Client<ColdStartConnector, Incoming>,
+}
+
+impl HttpRoute {
+    pub fn new(
+        name: String,
+        host: &str,
+        path_prefix: Option<String>,
+        upstream: Upstream,
+        upstream_http2: bool,
+    ) -> Self {
+        let counters = upstream.counters.clone();
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder.pool_idle_timeout(Duration::from_secs(90));
+        if upstream_http2 {
+            builder.http2_only(true);
+        }
+        let client = builder.build(ColdStartConnector {
+            upstream: Arc::new(upstream),
+        });
+        Self {
+            name,
+            host: host.to_ascii_lowercase(),
+            path_prefix,
+            counters,
+            upstream_http2,
+            client,
+        }
+    }
+
+    fn matches(&self, host: &str, path: &str) -> bool {
+        if self.host != host {
+            return false;
+        }
+        match &self.path_prefix {
+            None => true,
+            Some(prefix) => {
+                let prefix = prefix.trim_end_matches('/');
+                path == prefix
+                    || prefix.is_empty()
+                    || path
+                        .strip_prefix(prefix)
+                        .is_some_and(|rest| rest.starts_with('/'))
+            }
+        }
+    }
+}
+
+/// The routes, most specific (longest path prefix) first.
+pub struct HttpRouter {
+    routes: Vec<Arc<HttpRoute>>,
+}
+
+impl HttpRouter {
+    pub fn new(mut routes: Vec<Arc<HttpRoute>>) -> Self {
+        routes.sort_by_key(|route| {
+            std::cmp::Reverse(route.path_prefix.as_deref().map_or(0, str::len))
+        });
+        Self { routes }
+    }
+
+    fn find(&self, host: &str, path: &str) -> Option<&Arc<HttpRoute>> {
+        self.routes.iter().find(|route| route.matches(host, path))
+    }
+}
+
+/// Serves the proxy until `shutdown`, then lets open requests finish for up
+/// to `grace`.
+pub async fn serve(
+    listener: TcpListener,
+    router: Arc<HttpRouter>,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: pause, don't spin.
+                    warn!(%error, "interceptor cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let router = router.clone();
+            async move { Ok::<_, Infallible>(proxy(&router, peer, request).await) }
+        });
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                debug!(%error, %peer, "client connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(
+            ?grace,
+            "interceptor requests still open after the grace period"
+        );
+    }
+}
+
+async fn proxy(
+    router: &HttpRouter,
+    peer: SocketAddr,
+    mut request: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let host = request_host(&request);
+    let Some(route) = router.find(&host, request.uri().path()) else {
+        return plain(
+            StatusCode::NOT_FOUND,
+            format!(
+                "hoist interceptor: no route for host `{host}` and path `{}`\n",
+                request.uri().path()
+            ),
+        );
+    };
+    let in_flight = route.counters.start(Instant::now());
+    let client_version = request.version();
+    let upgrade = upgrade_protocol(request.headers());
+    let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
+
+    let (mut parts, body) = request.into_parts();
+    let authority = authority_of(&parts);
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |path| path.as_str())
+        .to_string();
+    parts.uri = match Uri::builder()
+        .scheme("http")
+        .authority(authority.as_str())
+        .path_and_query(path)
+        .build()
+    {
+        Ok(uri) => uri,
+        Err(_) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("hoist interceptor: `{authority}` is not a valid host\n"),
+            );
+        }
+    };
+    parts.version = if route.upstream_http2 {
+        Version::HTTP_2
+    } else {
+        Version::HTTP_11
+    };
+    remove_hop_by_hop(&mut parts.headers, upgrade.as_ref());
+    if !parts.headers.contains_key(header::HOST)
+        && let Ok(value) = HeaderValue::from_str(&authority)
+    {
+        parts.headers.insert(header::HOST, value);
+    }
+    forwarded_headers(&mut parts.headers, peer);
+
+    let mut response = match route.client.request(Request::from_parts(parts, body)).await {
+        Ok(response) => response,
+        Err(error) => return upstream_failure(&route.name, &error),
+    };
+    *response.version_mut() = client_version;
+
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let upstream_upgrade = hyper::upgrade::on(&mut response);
+        let route_name = route.name.clone();
+        tokio::spawn(async move {
+            tunnel(client_upgrade, upstream_upgrade, &route_name).await;
+            drop(in_flight);
+        });
+        let (parts, _) = response.into_parts();
+        return Response::from_parts(parts, empty());
+    }
+
+    remove_hop_by_hop(response.headers_mut(), None);
+    response.map(|body| {
+        Counted {
+            body,
+            _in_flight: in_flight,
+        }
+        .boxed()
+    })
+}
+
+/// Copies bytes both ways between an upgraded client and upstream
+/// connection (WebSocket and other `Upgrade` protocols).
+async fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    route: &str,
+) {
+    match tokio::try_join!(client, upstream) {
+        Ok((client, upstream)) => {
+            let mut client = TokioIo::new(client);
+            let mut upstream = TokioIo::new(upstream);
+            if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+                debug!(route, %error, "upgraded connection ended with an error");
+            }
+        }
+        Err(error) => debug!(route, %error, "upgrade failed"),
+    }
+}
+
+fn upstream_failure(route: &str, error: &hyper_util::client::legacy::Error) -> Response<ProxyBody> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if let Some(upstream) = current.downcast_ref::<UpstreamError>() {
+            let status = match upstream {
+                UpstreamError::ColdStartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+                UpstreamError::TooManyHeld { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            debug!(route, error = %upstream, "request not forwarded");
+            return plain(status, format!("hoist interceptor: {upstream}\n"));
+        }
+        source = current.source();
+    }
+    let cause = std::iter::successors(std::error::Error::source(error), |e| e.source())
+        .last()
+        .map_or_else(|| error.to_string(), ToString::to_string);
+    debug!(route, error = %cause, "upstream failed");
+    plain(
+        StatusCode::BAD_GATEWAY,
+        format!("hoist interceptor: route `{route}`: the upstream failed: {cause}\n"),
+    )
+}
+
+/// The host a request is for, lower case, without a port: the `Host`
+/// header (HTTP/1.1) or the URI's authority (HTTP/2).
+fn request_host<B>(request: &Request<B>) -> String {
+    let raw = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|value| value.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()))
+        .unwrap_or("");
+    strip_port(raw).to_ascii_lowercase()
+}
+
+fn strip_port(authority: &str) -> &str {
+    if authority.starts_with('[') {
+        // [v6]:port
+        return authority.split_inclusive(']').next().unwrap_or(authority);
+    }
+    authority
+        .rsplit_once(':')
+        .map_or(authority, |(host, _)| host)
+}
+
+fn authority_of(parts: &http::request::Parts) -> String {
+    parts
+        .headers
+        .get(header::HOST)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| parts.uri.authority().map(|a| a.to_string()))
+        .unwrap_or_default()
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to, if any.
+fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
+    let asks = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| headers.get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are
+/// not forwarded, except what an upgrade needs and `TE: trailers` (gRPC).
+fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    let trailers = headers
+        .get(header::TE)
+        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if let Some(protocol) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol.clone());
+    }
+}
+
+fn forwarded_headers(headers: &mut HeaderMap, peer: SocketAddr) {
+    let client = peer.ip().to_string();
+    let forwarded_for = match headers
+        .get("x-forwarded-for")
+        .and_then(|value| value.to_str().ok())
+    {
+        Some(earlier) => format!("{earlier}, {client}"),
+        None => client,
+    };
+    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+        headers.insert("x-forwarded-for", value);
+    }
+    // A proxy in front (TLS termination) knows the original scheme better.
+    if !headers.contains_key("x-forwarded-proto") {
+        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    }
+}
+
+fn plain(status: StatusCode, body: String) -> Response<ProxyBody> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn empty() -> ProxyBody {
+    Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// A response body that keeps its request in flight until it is done.
+struct Counted {
+    body: Incoming,
+    _in_flight: InFlight,
+}
+
+impl Body for Counted {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.body).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Connects the route's client to its upstream, whatever the URI says,
+/// holding through a cold start.
+#[derive(Clone)]
+struct ColdStartConnector {
+    upstream: Arc<Upstream>,
+}
+
+impl tower::Service<Uri> for ColdStartConnector {
+    type Response = TokioIo<TcpStream>;
+    type Error = UpstreamError;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        let upstream = self.upstream.clone();
+        Box::pin(async move { upstream.connect().await.map(TokioIo::new) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_lose_their_port() {
+        assert_eq!(strip_port("web.example.com:8080"), "web.example.com");
+        assert_eq!(strip_port("web.example.com"), "web.example.com");
+        assert_eq!(strip_port("[::1]:8080"), "[::1]");
+    }
+
+    #[test]
+    fn hop_by_hop_headers_stay_behind_but_upgrades_and_trailers_pass() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        headers.insert("x-kept", HeaderValue::from_static("1"));
+        remove_hop_by_hop(&mut headers, Some(&HeaderValue::from_static("websocket")));
+        assert!(!headers.contains_key("x-private"));
+        assert!(!headers.contains_key("keep-alive"));
+        assert!(!headers.contains_key(header::TRANSFER_ENCODING));
+        assert_eq!(headers[header::TE], "trailers");
+        assert_eq!(headers[header::UPGRADE], "websocket");
+        assert_eq!(headers[header::CONNECTION], "upgrade");
+        assert_eq!(headers["x-kept"], "1");
+    }
+
+    #[test]
+    fn path_prefixes_match_whole_segments() {
+        let counters = Arc::new(RouteCounters::new(Instant::now()));
+        let upstream = Upstream {
+            route: "api".into(),
+            address: "127.0.0.1:1".into(),
+            cold_start_timeout: Duration::from_secs(1),
+            max_held: 1,
+            counters,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        let route = HttpRoute::new(
+            "api".into(),
+            "Web.Example.com",
+            Some("/api/".into()),
+            upstream,
+            false,
+        );
+        assert!(route.matches("web.example.com", "/api"));
+        assert!(route.matches("web.example.com", "/api/orders"));
+        assert!(!route.matches("web.example.com", "/apix"));
+        assert!(!route.matches("other.example.com", "/api"));
+    }
+}

@@ -1,0 +1,139 @@
+//! What an interceptor tells the scaler over its admin port: every route's
+//! load (`GET /interceptor/routes`) and, as a long poll, when a cold start
+//! begins (`GET /interceptor/holds`), so a split setup can push activation
+//! within a second instead of at the next polling tick.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::counters::Load;
+use super::{Protocol, Routes};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoutesReport {
+    pub instance: String,
+    pub routes: BTreeMap<String, RouteReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteReport {
+    pub protocol: Protocol,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    pub load: Load,
+}
+
+/// Per route, how many cold starts began since the interceptor started,
+/// and which routes hold requests right now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HoldsReport {
+    pub instance: String,
+    pub routes: BTreeMap<String, RouteHolds>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteHolds {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    pub cold_starts: u64,
+    pub held: u64,
+}
+
+impl HoldsReport {
+    fn generation(&self) -> u64 {
+        self.routes.values().map(|route| route.cold_starts).sum()
+    }
+}
+
+/// The longest a `/interceptor/holds` request waits for news.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+pub fn routes_report(routes: &Routes, now: Instant) -> RoutesReport {
+    RoutesReport {
+        instance: routes.instance.clone(),
+        routes: routes
+            .iter()
+            .map(|(name, route)| {
+                let report = RouteReport {
+                    protocol: route.protocol,
+                    host: route.host.clone(),
+                    load: route.counters.load(now),
+                };
+                (name.clone(), report)
+            })
+            .collect(),
+    }
+}
+
+fn holds_report(routes: &Routes) -> HoldsReport {
+    HoldsReport {
+        instance: routes.instance.clone(),
+        routes: routes
+            .iter()
+            .map(|(name, route)| {
+                let holds = RouteHolds {
+                    host: route.host.clone(),
+                    cold_starts: *route.counters.holds().borrow(),
+                    held: route.counters.held(),
+                };
+                (name.clone(), holds)
+            })
+            .collect(),
+    }
+}
+
+/// The admin routes an interceptor adds.
+pub fn router(routes: Arc<Routes>) -> Router {
+    Router::new()
+        .route("/interceptor/routes", get(get_routes))
+        .route("/interceptor/holds", get(get_holds))
+        .with_state(routes)
+}
+
+async fn get_routes(State(routes): State<Arc<Routes>>) -> axum::Json<RoutesReport> {
+    axum::Json(routes_report(&routes, Instant::now()))
+}
+
+#[derive(Debug, Deserialize)]
+struct HoldsQuery {
+    /// The instance the caller last heard from.
+    instance: Option<String>,
+    /// The sum of `cold_starts` the caller last saw.
+    generation: Option<u64>,
+    /// Seconds to wait for a change, at most [`MAX_WAIT`].
+    wait: Option<u64>,
+}
+
+/// Answers at once when the caller is behind (another instance, or cold
+/// starts it has not seen); otherwise when the next cold start begins or
+/// the wait ends.
+async fn get_holds(
+    State(routes): State<Arc<Routes>>,
+    Query(query): Query<HoldsQuery>,
+) -> axum::Json<HoldsReport> {
+    let mut watchers: Vec<_> = routes
+        .iter()
+        .map(|(_, route)| route.counters.holds())
+        .collect();
+    let report = holds_report(&routes);
+    let current = query.instance.as_deref() == Some(routes.instance.as_str())
+        && query.generation == Some(report.generation());
+    if !current || watchers.is_empty() {
+        return axum::Json(report);
+    }
+    let wait = Duration::from_secs(query.wait.unwrap_or(MAX_WAIT.as_secs())).min(MAX_WAIT);
+    let any_change = futures::future::select_all(
+        watchers
+            .iter_mut()
+            .map(|watcher| Box::pin(watcher.changed())),
+    );
+    let _ = tokio::time::timeout(wait, any_change).await;
+    axum::Json(holds_report(&routes))
+}

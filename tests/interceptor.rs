@@ -1,0 +1,701 @@
+//! The interceptor end to end: real upstream servers and real clients on
+//! loopback (HTTP/1.1, h2c, Upgrade, raw TCP), hoist serving in-process or
+//! as separate interceptor servers read by a scaler.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use hoist::config::{HttpRouteSettings, Settings, TcpRouteSettings};
+use hoist::interceptor::report::RoutesReport;
+use hoist::proto::external_scaler_client::ExternalScalerClient;
+use http::{Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use support::{Hoist, object};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn full(text: impl Into<Bytes>) -> Body {
+    Full::new(text.into()).boxed()
+}
+
+/// A real HTTP server (HTTP/1.1 and h2c, with upgrades) answering with
+/// `handler`; counts the requests it got.
+struct Upstream {
+    addr: SocketAddr,
+    requests: Arc<AtomicUsize>,
+}
+
+impl Upstream {
+    async fn start<F, Fut>(handler: F) -> Self
+    where
+        F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Response<Body>> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(listener, handler)
+    }
+
+    fn serve<F, Fut>(listener: TcpListener, handler: F) -> Self
+    where
+        F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Response<Body>> + Send + 'static,
+    {
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let handler = handler.clone();
+                let counted = counted.clone();
+                let service = hyper::service::service_fn(move |request| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let response = handler(request);
+                    async move { Ok::<_, Infallible>(response.await) }
+                });
+                tokio::spawn(async move {
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let _ = builder
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, requests }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+/// Describes what the upstream received.
+async fn echo(request: Request<Incoming>) -> Response<Body> {
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("-")
+            .to_string()
+    };
+    let text = format!(
+        "host={} xff={} xfp={} path={} version={:?} private={}",
+        header("host"),
+        header("x-forwarded-for"),
+        header("x-forwarded-proto"),
+        request.uri().path_and_query().map_or("", |p| p.as_str()),
+        request.version(),
+        header("x-private"),
+    );
+    Response::new(full(text))
+}
+
+fn http_route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSettings {
+    HttpRouteSettings {
+        name: name.into(),
+        host: host.into(),
+        path_prefix: None,
+        upstream: upstream.to_string(),
+        upstream_http2: false,
+        cold_start_timeout: None,
+    }
+}
+
+fn with_routes(http: Vec<HttpRouteSettings>, tcp: Vec<TcpRouteSettings>) -> Settings {
+    let mut settings = Settings::default();
+    settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
+    settings.interceptor.http_routes = http;
+    settings.interceptor.tcp_routes = tcp;
+    settings
+}
+
+fn http1_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Body> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+fn h2c_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Body> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+async fn send(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Body>,
+    proxy: SocketAddr,
+    host: &str,
+    path: &str,
+) -> (StatusCode, String) {
+    let request = Request::builder()
+        .uri(format!("http://{host}{path}"))
+        .header("host", host)
+        .body(full(""))
+        .unwrap();
+    // The client connects to the URI's authority: point it at the proxy
+    // while keeping the Host header.
+    let (mut parts, body) = request.into_parts();
+    parts.uri = format!("http://{proxy}{path}").parse().unwrap();
+    let response = client
+        .request(Request::from_parts(parts, body))
+        .await
+        .expect("a response");
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn routes(admin: SocketAddr) -> RoutesReport {
+    let (status, body) = support::http_get(admin, "/interceptor/routes").await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// A port nobody listens on (yet).
+async fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    for _ in 0..400 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting: {what}");
+}
+
+#[tokio::test]
+async fn http1_requests_keep_their_host_and_gain_forwarded_headers() {
+    let upstream = Upstream::start(echo).await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", upstream.addr)],
+        vec![],
+    ))
+    .await;
+    let proxy = hoist.http_proxy.expect("an HTTP proxy");
+    let client = http1_client();
+
+    let (status, body) = send(&client, proxy, "WEB.test:8080", "/orders?page=2").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("host=WEB.test:8080"), "{body}");
+    assert!(body.contains("xff=127.0.0.1"), "{body}");
+    assert!(body.contains("xfp=http"), "{body}");
+    assert!(body.contains("path=/orders?page=2"), "{body}");
+    assert!(body.contains("version=HTTP/1.1"), "{body}");
+
+    // Hop-by-hop headers named in Connection stay behind.
+    let request = Request::builder()
+        .uri(format!("http://{proxy}/"))
+        .header("host", "web.test")
+        .header("connection", "x-private")
+        .header("x-private", "secret-hop")
+        .header("x-forwarded-for", "10.0.0.1")
+        .body(full(""))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("private=-"), "{body}");
+    assert!(body.contains("xff=10.0.0.1, 127.0.0.1"), "{body}");
+
+    let (status, body) = send(&client, proxy, "other.test", "/x").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body.contains("no route for host `other.test`"), "{body}");
+    assert_eq!(upstream.requests(), 2, "the unknown host never reached it");
+
+    let report = routes(hoist.admin).await;
+    assert_eq!(report.routes["web"].load.started_total, 2);
+    assert_eq!(report.routes["web"].load.in_flight, 0);
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn h2c_in_and_out() {
+    let upstream = Upstream::start(echo).await;
+    let mut h2_route = http_route("grpc-app", "grpc.test", upstream.addr);
+    h2_route.upstream_http2 = true;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", upstream.addr), h2_route],
+        vec![],
+    ))
+    .await;
+    let proxy = hoist.http_proxy.unwrap();
+
+    // An h2c client (HTTP/2 with prior knowledge) to an HTTP/1.1 upstream.
+    let (status, body) = send(&h2c_client(), proxy, "web.test", "/a").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("version=HTTP/1.1"), "{body}");
+    assert!(body.contains("host=web.test"), "{body}");
+
+    // Either client to an h2c upstream.
+    for client in [http1_client(), h2c_client()] {
+        let (status, body) = send(&client, proxy, "grpc.test", "/b").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("version=HTTP/2.0"), "{body}");
+        assert!(body.contains("host=grpc.test"), "{body}");
+    }
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn bodies_stream_and_count_in_flight_until_they_end() {
+    // The upstream sends "first", then waits for the test before "second".
+    let (release_tx, release_rx) = mpsc::channel::<()>(1);
+    let release_rx = Arc::new(tokio::sync::Mutex::new(release_rx));
+    let upstream = Upstream::start(move |request: Request<Incoming>| {
+        let release = release_rx.clone();
+        async move {
+            // Read the whole request body: it arrives streamed too.
+            let uploaded = request.into_body().collect().await.unwrap().to_bytes();
+            let frames = futures::stream::once(async move {
+                Ok::<_, Infallible>(Frame::data(Bytes::from(format!(
+                    "first:{}|",
+                    uploaded.len()
+                ))))
+            })
+            .chain(futures::stream::once(async move {
+                release.lock().await.recv().await;
+                Ok(Frame::data(Bytes::from_static(b"second")))
+            }));
+            Response::new(BodyExt::boxed(StreamBody::new(frames)))
+        }
+    })
+    .await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", upstream.addr)],
+        vec![],
+    ))
+    .await;
+    let proxy = hoist.http_proxy.unwrap();
+
+    let upload = vec![7u8; 1 << 20];
+    let request = Request::builder()
+        .uri(format!("http://{proxy}/upload"))
+        .header("host", "web.test")
+        .body(full(upload))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&first[..], format!("first:{}|", 1 << 20).as_bytes());
+    // The response is still open: the request is in flight.
+    assert_eq!(routes(hoist.admin).await.routes["web"].load.in_flight, 1);
+
+    release_tx.send(()).await.unwrap();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(&rest[..], b"second");
+    eventually("the request to end", || async {
+        routes(hoist.admin).await.routes["web"].load.in_flight == 0
+    })
+    .await;
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn upgrades_pass_through_both_ways() {
+    // An upstream that accepts `Upgrade: websocket` and then echoes bytes.
+    let upstream = Upstream::start(|mut request: Request<Incoming>| async move {
+        let upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            let mut io = TokioIo::new(upgrade.await.unwrap());
+            let mut buffer = [0u8; 64];
+            loop {
+                let n = io.read(&mut buffer).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                let mut reply = b"echo:".to_vec();
+                reply.extend_from_slice(&buffer[..n]);
+                io.write_all(&reply).await.unwrap();
+            }
+        });
+        Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .body(Empty::new().boxed())
+            .unwrap()
+    })
+    .await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("ws", "ws.test", upstream.addr)],
+        vec![],
+    ))
+    .await;
+    let mut stream = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    stream
+        .write_all(
+            b"GET /socket HTTP/1.1\r\nHost: ws.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: websocket"),
+        "{head}"
+    );
+    assert_eq!(
+        routes(hoist.admin).await.routes["ws"].load.in_flight,
+        1,
+        "an upgraded connection stays in flight"
+    );
+    stream.write_all(b"ping").await.unwrap();
+    let mut reply = [0u8; 9];
+    stream.read_exact(&mut reply).await.unwrap();
+    assert_eq!(&reply, b"echo:ping");
+    drop(stream);
+    eventually("the tunnel to close", || async {
+        routes(hoist.admin).await.routes["ws"].load.in_flight == 0
+    })
+    .await;
+    hoist.stop().await.unwrap();
+}
+
+async fn read_head(stream: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+fn tcp_route(name: &str, upstream: SocketAddr) -> TcpRouteSettings {
+    TcpRouteSettings {
+        name: name.into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        upstream: upstream.to_string(),
+        cold_start_timeout: None,
+    }
+}
+
+#[tokio::test]
+async fn tcp_bytes_flow_both_ways_and_half_close_passes_through() {
+    // The upstream reads until the client finishes sending, then answers
+    // on the still-open other direction.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut received = Vec::new();
+                socket.read_to_end(&mut received).await.unwrap();
+                let reply = format!("got {} bytes", received.len());
+                socket.write_all(reply.as_bytes()).await.unwrap();
+            });
+        }
+    });
+    let hoist = Hoist::start_with(with_routes(vec![], vec![tcp_route("db", upstream)])).await;
+    let proxy = hoist.tcp_proxies["db"];
+
+    let mut client = TcpStream::connect(proxy).await.unwrap();
+    client.write_all(&[1u8; 100_000]).await.unwrap();
+    eventually("the connection to be counted", || async {
+        routes(hoist.admin).await.routes["db"].load.in_flight == 1
+    })
+    .await;
+    client.shutdown().await.unwrap();
+    let mut reply = String::new();
+    client.read_to_string(&mut reply).await.unwrap();
+    assert_eq!(reply, "got 100000 bytes");
+    eventually("the connection to end", || async {
+        routes(hoist.admin).await.routes["db"].load.in_flight == 0
+    })
+    .await;
+    let report = routes(hoist.admin).await;
+    assert_eq!(report.routes["db"].load.started_total, 1);
+    assert!(report.routes["db"].load.rate > 0.0);
+    hoist.stop().await.unwrap();
+}
+
+async fn next_activity(stream: &mut tonic::Streaming<hoist::proto::IsActiveResponse>) -> bool {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("a push within 10 s")
+        .expect("the stream is healthy")
+        .expect("the stream is open")
+        .result
+}
+
+#[tokio::test]
+async fn a_cold_start_holds_the_request_pushes_activation_and_forwards_it_once() {
+    let upstream_addr = free_addr().await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", upstream_addr)],
+        vec![],
+    ))
+    .await;
+    let proxy = hoist.http_proxy.unwrap();
+    let scaled = object("web-app", &[("scaler", "http"), ("route", "web")]);
+    let mut client = ExternalScalerClient::connect(format!("http://{}", hoist.grpc))
+        .await
+        .unwrap();
+    let mut activity = client
+        .stream_is_active(scaled.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!hoist.active(&scaled).await.unwrap(), "idle before traffic");
+
+    let request =
+        tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/hello").await });
+    // The request waits; KEDA hears at once (not at the 15 s poll).
+    assert!(next_activity(&mut activity).await);
+    assert_eq!(routes(hoist.admin).await.routes["web"].load.held, 1);
+    assert!(!request.is_finished());
+
+    // The app comes up on its port: the held request goes through, once.
+    let listener = TcpListener::bind(upstream_addr).await.unwrap();
+    let upstream = Upstream::serve(listener, echo);
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("path=/hello"), "{body}");
+    assert_eq!(upstream.requests(), 1);
+    assert_eq!(routes(hoist.admin).await.routes["web"].load.held, 0);
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn held_requests_time_out_with_504_and_past_the_cap_get_503() {
+    let nobody = free_addr().await;
+    let mut route = http_route("web", "web.test", nobody);
+    route.cold_start_timeout = Some(Duration::from_millis(400));
+    let mut settings = with_routes(vec![route], vec![tcp_route("db", nobody)]);
+    settings.interceptor.max_held_per_route = 1;
+    settings.interceptor.tcp_routes[0].cold_start_timeout = Some(Duration::from_millis(200));
+    let hoist = Hoist::start_with(settings).await;
+    let proxy = hoist.http_proxy.unwrap();
+
+    let first = tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/").await });
+    eventually("the first request to be held", || async {
+        routes(hoist.admin).await.routes["web"].load.held == 1
+    })
+    .await;
+    let (status, body) = send(&http1_client(), proxy, "web.test", "/").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("1 requests are already waiting"), "{body}");
+    let (status, body) = first.await.unwrap();
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(body.contains("cold start timeout"), "{body}");
+    assert!(body.contains("route `web`"), "{body}");
+
+    // TCP has no way to say why: the connection closes.
+    let mut client = TcpStream::connect(hoist.tcp_proxies["db"]).await.unwrap();
+    let mut buffer = Vec::new();
+    let read = client.read_to_end(&mut buffer).await;
+    assert!(read.is_err() || buffer.is_empty(), "closed without data");
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn trigger_metadata_is_checked_against_the_routes() {
+    let upstream = free_addr().await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", upstream)],
+        vec![tcp_route("db", upstream)],
+    ))
+    .await;
+    let mut client = hoist.client().await;
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("scaler", "http"), ("route", "nope")],
+            "its http routes: web",
+        ),
+        (&[("scaler", "tcp"), ("route", "web")], "its tcp routes: db"),
+        (&[("scaler", "http")], "`route`"),
+        (
+            &[
+                ("scaler", "http"),
+                ("route", "web"),
+                ("concurrentRequests", "0"),
+            ],
+            "`concurrentRequests`",
+        ),
+        (
+            &[("scaler", "http"), ("route", "web"), ("metric", "latency")],
+            "`metric`",
+        ),
+        (
+            &[
+                ("scaler", "tcp"),
+                ("route", "db"),
+                ("metric", "requestRate"),
+            ],
+            "`connectionRate`",
+        ),
+        (
+            &[("scaler", "http"), ("route", "web"), ("host", "web.test")],
+            "not both",
+        ),
+    ];
+    for (metadata, expected) in cases {
+        let status = client
+            .get_metric_spec(object("app", metadata))
+            .await
+            .expect_err("bad metadata is refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{metadata:?}");
+        assert!(
+            status.message().contains(expected),
+            "{metadata:?}: {}",
+            status.message()
+        );
+    }
+    // By host, the route serving it is found; the default target is 10.
+    let spec = hoist
+        .spec(&object("app", &[("scaler", "http"), ("host", "WEB.test")]))
+        .await;
+    assert_eq!(spec.metric_name, "http-web");
+    assert_eq!(spec.target_size_float, 10.0);
+    hoist.stop().await.unwrap();
+
+    // Without an interceptor, the error says how to get one.
+    let bare = Hoist::start().await;
+    let status = bare
+        .client()
+        .await
+        .get_metric_spec(object("app", &[("scaler", "http"), ("route", "web")]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("interceptor.endpoints"),
+        "{}",
+        status.message()
+    );
+    bare.stop().await.unwrap();
+}
+
+/// A listener that accepts connections and never answers.
+async fn hung_replica() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_scaler_sums_three_interceptors_and_is_not_stalled_by_a_hung_one() {
+    let upstream = Upstream::start(echo).await;
+    let mut interceptors = Vec::new();
+    for _ in 0..3 {
+        let settings = with_routes(vec![http_route("web", "web.test", upstream.addr)], vec![]);
+        interceptors.push(Hoist::start_interceptor(settings).await);
+    }
+    let mut scaler_settings = Settings::default();
+    scaler_settings.interceptor.endpoints = interceptors
+        .iter()
+        .map(|interceptor| interceptor.admin.to_string())
+        .chain([hung_replica().await.to_string()])
+        .collect();
+    scaler_settings.interceptor.read_timeout = Duration::from_millis(300);
+    let scaler = Hoist::start_with(scaler_settings).await;
+    assert!(
+        scaler.http_proxy.is_none(),
+        "the scaler proxies nothing itself"
+    );
+
+    let client = http1_client();
+    for (interceptor, requests) in interceptors.iter().zip([3, 2, 1]) {
+        for _ in 0..requests {
+            let (status, _) = send(&client, interceptor.http_proxy.unwrap(), "web.test", "/").await;
+            assert_eq!(status, StatusCode::OK);
+        }
+    }
+    // 6 requests in the window: 6 / 15 per second, summed over replicas.
+    let rate = object(
+        "web-app",
+        &[
+            ("scaler", "http"),
+            ("route", "web"),
+            ("pollingInterval", "1"),
+        ],
+    );
+    let (_, value) = scaler.metric(&rate).await.unwrap();
+    assert!((value - 0.4).abs() < 1e-9, "{value}");
+
+    // A replica that stops answering leaves the others' sum.
+    let stopped = interceptors.pop().unwrap();
+    stopped.stop().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (_, value) = scaler.metric(&rate).await.unwrap();
+    assert!((value - 5.0 / 15.0).abs() < 1e-9, "{value}");
+
+    // A route no replica knows is an error, not a zero.
+    let unknown = object("other", &[("scaler", "http"), ("route", "nope")]);
+    let status = scaler.metric(&unknown).await.unwrap_err();
+    assert!(
+        status.message().contains("no interceptor knows"),
+        "{}",
+        status.message()
+    );
+    scaler.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cold_start_at_a_remote_interceptor_is_pushed_at_once() {
+    let upstream_addr = free_addr().await;
+    let interceptor = Hoist::start_interceptor(with_routes(
+        vec![http_route("web", "web.test", upstream_addr)],
+        vec![],
+    ))
+    .await;
+    let mut scaler_settings = Settings::default();
+    scaler_settings.interceptor.endpoints = vec![interceptor.admin.to_string()];
+    let scaler = Hoist::start_with(scaler_settings).await;
+    let scaled = object("web-app", &[("scaler", "http"), ("route", "web")]);
+    let mut client = scaler.client().await;
+    let mut activity = client
+        .stream_is_active(scaled.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!scaler.active(&scaled).await.unwrap());
+
+    let proxy = interceptor.http_proxy.unwrap();
+    let request = tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/").await });
+    assert!(
+        next_activity(&mut activity).await,
+        "pushed long before the 15 s poll"
+    );
+
+    let upstream = Upstream::serve(TcpListener::bind(upstream_addr).await.unwrap(), echo);
+    let (status, _) = request.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(upstream.requests(), 1);
+    let report: BTreeMap<_, _> = routes(interceptor.admin).await.routes;
+    assert_eq!(report["web"].load.started_total, 1);
+    scaler.stop().await.unwrap();
+    interceptor.stop().await.unwrap();
+}
