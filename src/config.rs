@@ -151,7 +151,7 @@ impl InterceptorSettings {
             if !host_port(endpoint) {
                 return Err(invalid(
                     "interceptor.endpoints".into(),
-                    format!("`{endpoint}` is not host:port (an interceptor's admin port)"),
+                    format!("{} (an interceptor's admin port)", not_host_port(endpoint)),
                 ));
             }
         }
@@ -182,10 +182,7 @@ impl InterceptorSettings {
                 return Err(invalid(key("name"), "another route has this name".into()));
             }
             if !host_port(upstream) {
-                return Err(invalid(
-                    key("upstream"),
-                    format!("`{upstream}` is not host:port"),
-                ));
+                return Err(invalid(key("upstream"), not_host_port(upstream)));
             }
             if cold_start.is_some_and(|timeout| timeout.is_zero()) {
                 return Err(invalid(
@@ -238,6 +235,16 @@ impl InterceptorSettings {
             }
         }
         Ok(())
+    }
+}
+
+/// Why an address is refused; a URL-shaped one is not shown: it may carry
+/// a password.
+fn not_host_port(address: &str) -> String {
+    if crate::scalers::plain_address(address) {
+        format!("`{address}` is not host:port")
+    } else {
+        crate::scalers::NOT_PLAIN_ADDRESS.to_string()
     }
 }
 
@@ -680,5 +687,60 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
         let masked = toml::to_string(&settings.masked()).unwrap();
         assert!(!masked.contains("\"app\""), "{masked}");
         assert!(masked.contains("***"), "{masked}");
+    }
+
+    #[test]
+    fn interceptor_routes_are_checked_with_the_key_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hoist.toml");
+        let route = |extra: &str| {
+            format!(
+                "[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.test\"\nupstream = \"web:80\"\n{extra}"
+            )
+        };
+        let cases = [
+            (route("path_prefix = \"api\""), "http_routes[web].path_prefix"),
+            (format!("{}{}", route(""), route("")), "http_routes[web].name"),
+            (route("cold_start_timeout = \"0s\""), "http_routes[web].cold_start_timeout"),
+            (
+                "[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.test:80\"\nupstream = \"web:80\"\n".to_string(),
+                "http_routes[web].host",
+            ),
+            (
+                "[[interceptor.tcp_routes]]\nname = \"db\"\nlisten = \"0.0.0.0:5432\"\nupstream = \"postgres://u:p@db\"\n".to_string(),
+                "tcp_routes[db].upstream",
+            ),
+            (
+                "[[interceptor.tcp_routes]]\nname = \"a b\"\nlisten = \"0.0.0.0:1\"\nupstream = \"db:1\"\n".to_string(),
+                "tcp_routes.name",
+            ),
+            ("[interceptor]\nendpoints = [\"http://x:9091\"]\n".to_string(), "interceptor.endpoints"),
+            ("[interceptor]\nmax_held_per_route = 0\n".to_string(), "interceptor.max_held_per_route"),
+        ];
+        for (text, key) in cases {
+            std::fs::write(&file, &text).unwrap();
+            let err = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap_err();
+            assert!(err.to_string().contains(key), "{text}\n→ {err}");
+        }
+        // The upstream's password, if one was pasted in, is not echoed.
+        std::fs::write(&file, &cases_secret()).unwrap();
+        let err = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+
+        std::fs::write(
+            &file,
+            route("path_prefix = \"/api\"\nupstream_http2 = true"),
+        )
+        .unwrap();
+        let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
+        assert!(settings.interceptor.in_process());
+        assert_eq!(
+            settings.interceptor.http_routes[0].path_prefix.as_deref(),
+            Some("/api")
+        );
+    }
+
+    fn cases_secret() -> String {
+        "[[interceptor.tcp_routes]]\nname = \"db\"\nlisten = \"0.0.0.0:1\"\nupstream = \"user:hunter2@db:5432\"\n".to_string()
     }
 }

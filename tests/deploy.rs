@@ -242,7 +242,34 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
     let examples = documents("deploy/examples");
     let profiles = std::fs::read_to_string(root().join("deploy/examples/hoist.toml")).unwrap();
     let scaled_objects = kind(&examples, "ScaledObject");
-    assert!(scaled_objects.len() >= 3);
+    assert!(scaled_objects.len() >= 5);
+    // The scaler side of the split setup: routes are checked against the
+    // interceptor's config here, and at every read by hoist.
+    let split_setup = hoist::scalers::Context {
+        traffic: Some(hoist::interceptor::traffic::Traffic::Remote(
+            std::sync::Arc::new(hoist::interceptor::fleet::Fleet::new(
+                vec!["hoist-interceptor.keda.svc.cluster.local:9091".into()],
+                std::time::Duration::from_secs(1),
+            )),
+        )),
+    };
+    let interceptor_docs = documents("deploy/kubernetes");
+    let interceptor_config: toml::Table =
+        named(&interceptor_docs, "ConfigMap", "hoist-interceptor")["data"]["interceptor.toml"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+    let interceptor_routes: Vec<String> = ["http_routes", "tcp_routes"]
+        .iter()
+        .flat_map(|list| {
+            interceptor_config["interceptor"][list]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|route| route["name"].as_str().unwrap().to_string())
+        })
+        .collect();
     for scaled_object in scaled_objects {
         for trigger in list(&scaled_object["spec"]["triggers"]) {
             let mut metadata: HashMap<String, String> = trigger["metadata"]
@@ -270,6 +297,13 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
                     "Endpoint=sb://n.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v".into(),
                 );
             }
+            // `http` and `tcp` name routes of the interceptor manifest.
+            if let Some(route) = metadata.get("route") {
+                assert!(
+                    interceptor_routes.contains(route),
+                    "route `{route}` is one of the interceptor's: {interceptor_routes:?}"
+                );
+            }
             hoist::trigger::parse(
                 &metadata,
                 &Default::default(),
@@ -277,7 +311,7 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
                     polling_interval: std::time::Duration::from_secs(30),
                     timeout: std::time::Duration::from_secs(3),
                 },
-                &Default::default(),
+                &split_setup,
             )
             .unwrap_or_else(|e| panic!("{:?}: {e}", scaled_object["metadata"]["name"]));
         }
@@ -309,4 +343,21 @@ fn the_image_exposes_hoists_ports_and_runs_as_non_root() {
     assert!(dockerfile.contains(&expose), "{expose}");
     assert!(dockerfile.contains("USER 65532:65532"));
     assert!(dockerfile.contains("--locked"));
+}
+
+#[test]
+fn the_example_config_loads_with_every_section() {
+    let settings = hoist::config::Settings::load(
+        Some(&root().join("deploy/examples/hoist.toml")),
+        Vec::<(String, String)>::new(),
+        &Default::default(),
+    )
+    .expect("deploy/examples/hoist.toml loads");
+    assert!(!settings.auth.is_empty());
+    assert!(!settings.interceptor.endpoints.is_empty());
+    assert!(settings.interceptor.has_routes());
+    assert!(
+        !settings.interceptor.in_process(),
+        "with endpoints, serve reads remote interceptors"
+    );
 }

@@ -699,3 +699,48 @@ async fn a_cold_start_at_a_remote_interceptor_is_pushed_at_once() {
     scaler.stop().await.unwrap();
     interceptor.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn in_engine_mode_a_cold_start_is_decided_and_pushed_at_once() {
+    let upstream_addr = free_addr().await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", upstream_addr)],
+        vec![],
+    ))
+    .await;
+    let scaled = object(
+        "web-app",
+        &[
+            ("scaler", "http"),
+            ("route", "web"),
+            ("scalingMode", "engine"),
+        ],
+    );
+    let mut client = hoist.client().await;
+    let mut activity = client
+        .stream_is_active(scaled.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !hoist.active(&scaled).await.unwrap(),
+        "at zero without traffic"
+    );
+
+    let proxy = hoist.http_proxy.unwrap();
+    let request = tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/").await });
+    assert!(
+        next_activity(&mut activity).await,
+        "the engine woke the app"
+    );
+    let (value, _) = hoist.metric(&scaled).await.unwrap();
+    assert!(
+        value >= 10,
+        "one replica's worth (replicas × target): {value}"
+    );
+
+    let upstream = Upstream::serve(TcpListener::bind(upstream_addr).await.unwrap(), echo);
+    assert_eq!(request.await.unwrap().0, StatusCode::OK);
+    assert_eq!(upstream.requests(), 1);
+    hoist.stop().await.unwrap();
+}
