@@ -723,7 +723,7 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
             assert!(err.to_string().contains(key), "{text}\n→ {err}");
         }
         // The upstream's password, if one was pasted in, is not echoed.
-        std::fs::write(&file, &cases_secret()).unwrap();
+        std::fs::write(&file, cases_secret()).unwrap();
         let err = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
 
