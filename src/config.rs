@@ -424,6 +424,12 @@ impl Settings {
             config::Environment::with_prefix("HOIST")
                 .prefix_separator("_")
                 .separator("__")
+                // Only these keys are lists (comma-separated); every other
+                // value stays one string, commas and all.
+                .try_parsing(true)
+                .list_separator(",")
+                .with_list_parse_key("limits.allowed_sources")
+                .with_list_parse_key("interceptor.endpoints")
                 .source(Some(env)),
         );
         if let Some(listen) = overrides.grpc_listen {
@@ -624,7 +630,17 @@ default_interval = "15s"
         assert_eq!(settings.admin.listen.to_string(), "127.0.0.1:3000"); // env beats file
         assert_eq!(settings.polling.default_interval, Duration::from_secs(5));
         assert_eq!(settings.log.level, "error"); // flag beats env
+
         assert_eq!(settings.shutdown_grace, Duration::from_secs(3));
+        let lists = env(&[
+            ("HOIST_INTERCEPTOR__ENDPOINTS", "a.svc:9091,b.svc:9091"),
+            ("HOIST_LIMITS__ALLOWED_SOURCES", "*.svc:*"),
+            ("HOIST_LOG__LEVEL", "hoist=debug,info"),
+        ]);
+        let settings = Settings::load(None, lists, &Overrides::default()).unwrap();
+        assert_eq!(settings.interceptor.endpoints, ["a.svc:9091", "b.svc:9091"]);
+        assert_eq!(settings.limits.allowed_sources, ["*.svc:*"]);
+        assert_eq!(settings.log.level, "hoist=debug,info");
     }
 
     #[test]

@@ -197,3 +197,67 @@ async fn serve_runs_until_sigterm_and_then_shuts_down_cleanly() {
     assert!(logs.contains("\"message\":\"hoist is serving\""), "{logs}");
     assert!(logs.contains("\"message\":\"shutdown complete\""), "{logs}");
 }
+
+#[tokio::test]
+async fn interceptor_runs_alone_and_probe_reads_it() {
+    // Without routes there is nothing to run: a clear error, not a hang.
+    let output = hoist(&["interceptor", "--admin-listen", "127.0.0.1:0"]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains("[[interceptor.http_routes]]"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let (admin, proxy) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("interceptor.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[interceptor]\nhttp_listen = \"127.0.0.1:{proxy}\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.test\"\nupstream = \"127.0.0.1:{}\"\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hoist"))
+        .args(["interceptor", "--config", file.to_str().unwrap()])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let admin_addr = format!("127.0.0.1:{admin}").parse().unwrap();
+    wait_until(Duration::from_secs(10), "the interceptor to listen", || {
+        std::net::TcpStream::connect(admin_addr).is_ok()
+    });
+    assert_eq!(http_get(admin_addr, "/readyz").await.0, 200);
+    let (status, body) = http_get(admin_addr, "/interceptor/routes").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("\"web\""), "{body}");
+    assert_eq!(
+        http_get(admin_addr, "/status").await.0,
+        404,
+        "no scaler here"
+    );
+
+    let endpoint = format!("HOIST_INTERCEPTOR__ENDPOINTS=127.0.0.1:{admin}");
+    let output = Command::new(env!("CARGO_BIN_EXE_hoist"))
+        .args(["probe", "-m", "scaler=http", "-m", "route=web"])
+        .env(
+            endpoint.split_once('=').unwrap().0,
+            endpoint.split_once('=').unwrap().1,
+        )
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let printed = text(&output.stdout);
+    assert!(printed.contains("value:           0"), "{printed}");
+    assert!(
+        printed.contains("metricName=http-web targetSize=10"),
+        "{printed}"
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
+}
