@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::{Kind, Measurement, ObserveError, Query, Source, Trigger, metric_name};
+use super::{SourceTls, Kind, Measurement, ObserveError, Query, Source, Trigger, metric_name};
 use crate::metadata::{MetadataError, Origin, Params};
 use crate::secret::{Secret, fingerprint};
 
@@ -83,12 +83,7 @@ pub struct KafkaConfig {
     pub ensure_even_distribution_of_partitions: bool,
     pub full_metadata: bool,
     pub version: Option<String>,
-    pub enable_tls: bool,
-    pub unsafe_ssl: bool,
-    pub ca: String,
-    pub cert: String,
-    pub key: Secret,
-    pub key_password: Secret,
+    pub tls: SourceTls,
     pub sasl: Sasl,
     pub username: String,
     pub password: Secret,
@@ -300,12 +295,14 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
         ensure_even_distribution_of_partitions,
         full_metadata,
         version,
-        enable_tls,
-        unsafe_ssl,
-        ca,
-        cert,
-        key,
-        key_password,
+        tls: SourceTls {
+            enabled: enable_tls,
+            unsafe_ssl,
+            ca,
+            cert,
+            key,
+            key_password,
+        },
         sasl,
         username,
         password,
@@ -505,13 +502,13 @@ fn cluster_key(c: &KafkaConfig) -> String {
     format!(
         "{}|tls={}/{}|ca={}|cert={}|sasl={:?}|user={}|secrets={:x}",
         c.bootstrap_servers.join(","),
-        c.enable_tls,
-        c.unsafe_ssl,
-        c.ca,
-        c.cert,
+        c.tls.enabled,
+        c.tls.unsafe_ssl,
+        c.tls.ca,
+        c.tls.cert,
         c.sasl,
         c.username,
-        fingerprint(&[&c.password, &c.key, &c.key_password]),
+        fingerprint(&[&c.password, &c.tls.key, &c.tls.key_password]),
     )
 }
 
@@ -582,7 +579,7 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
             )));
         }
     };
-    let protocol = match (c.enable_tls, mechanism.is_some()) {
+    let protocol = match (c.tls.enabled, mechanism.is_some()) {
         (false, false) => "plaintext",
         (true, false) => "ssl",
         (false, true) => "sasl_plaintext",
@@ -595,17 +592,17 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
             .set("sasl.username", &c.username)
             .set("sasl.password", c.password.expose());
     }
-    if c.enable_tls {
-        if !c.ca.is_empty() {
-            config.set("ssl.ca.pem", &c.ca);
+    if c.tls.enabled {
+        if !c.tls.ca.is_empty() {
+            config.set("ssl.ca.pem", &c.tls.ca);
         }
-        if !c.cert.is_empty() {
-            config.set("ssl.certificate.pem", &c.cert).set("ssl.key.pem", c.key.expose());
-            if !c.key_password.is_empty() {
-                config.set("ssl.key.password", c.key_password.expose());
+        if !c.tls.cert.is_empty() {
+            config.set("ssl.certificate.pem", &c.tls.cert).set("ssl.key.pem", c.tls.key.expose());
+            if !c.tls.key_password.is_empty() {
+                config.set("ssl.key.password", c.tls.key_password.expose());
             }
         }
-        if c.unsafe_ssl {
+        if c.tls.unsafe_ssl {
             config
                 .set("enable.ssl.certificate.verification", "false")
                 .set("ssl.endpoint.identification.algorithm", "none");

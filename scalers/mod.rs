@@ -70,6 +70,18 @@ pub struct Query {
     pub source: Arc<dyn Source>,
 }
 
+/// TLS to a source, as KEDA's scalers take it: on or off, whether to skip
+/// verification, and PEM material (from the auth profile).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceTls {
+    pub enabled: bool,
+    pub unsafe_ssl: bool,
+    pub ca: String,
+    pub cert: String,
+    pub key: crate::secret::Secret,
+    pub key_password: crate::secret::Secret,
+}
+
 /// Something that can be measured.
 pub trait Source: Send + Sync + 'static {
     /// Measures the current value once. The caller bounds it with a timeout

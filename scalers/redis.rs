@@ -11,7 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 use tokio::sync::Mutex;
 
-use super::{Kind, Measurement, ObserveError, Query, Source, Trigger, metric_name};
+use super::{SourceTls, Kind, Measurement, ObserveError, Query, Source, Trigger, metric_name};
 use crate::metadata::{MetadataError, Origin, Params};
 use crate::secret::{Secret, fingerprint};
 
@@ -40,17 +40,6 @@ pub enum Mode {
     Sentinel,
 }
 
-/// TLS settings; the PEM material comes from an auth profile (`ca`,
-/// `cert`, `key`, `keyPassword`), as KEDA takes it from TriggerAuthentication.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tls {
-    pub unsafe_ssl: bool,
-    pub ca: Option<String>,
-    pub cert: Option<String>,
-    pub key: Secret,
-    pub key_password: Secret,
-}
-
 /// The typed form of the metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
@@ -68,12 +57,7 @@ pub struct RedisConfig {
     pub sentinel_username: String,
     pub sentinel_password: Secret,
     pub sentinel_master: String,
-    pub enable_tls: bool,
-    pub unsafe_ssl: bool,
-    pub ca: String,
-    pub cert: String,
-    pub key: Secret,
-    pub key_password: Secret,
+    pub tls: SourceTls,
 }
 
 use Origin::{Auth, Env, Metadata};
@@ -174,12 +158,14 @@ pub fn parse_config(mode: Mode, params: &Params) -> Result<RedisConfig, Metadata
         sentinel_username,
         sentinel_password,
         sentinel_master,
-        enable_tls,
-        unsafe_ssl,
-        ca,
-        cert,
-        key,
-        key_password,
+        tls: SourceTls {
+            enabled: enable_tls,
+            unsafe_ssl,
+            ca,
+            cert,
+            key,
+            key_password,
+        },
     })
 }
 
@@ -220,11 +206,11 @@ fn query_key(scaler: &str, c: &RedisConfig) -> String {
         c.username,
         c.sentinel_master,
         c.sentinel_username,
-        c.enable_tls,
-        c.unsafe_ssl,
-        c.ca,
-        c.cert,
-        fingerprint(&[&c.password, &c.sentinel_password, &c.key, &c.key_password]),
+        c.tls.enabled,
+        c.tls.unsafe_ssl,
+        c.tls.ca,
+        c.tls.cert,
+        fingerprint(&[&c.password, &c.sentinel_password, &c.tls.key, &c.tls.key_password]),
         c.list_name,
     )
 }
@@ -349,7 +335,7 @@ impl RedisSource {
 
     async fn connect(&self) -> Result<Connection, ObserveError> {
         let c = &self.config;
-        if c.enable_tls {
+        if c.tls.enabled {
             // rustls needs one process-wide crypto provider; installing it
             // twice is harmless.
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -400,8 +386,8 @@ impl RedisSource {
                 )
                 .map_err(classify)?
                 .set_client_to_redis_db(c.database_index);
-                if c.enable_tls {
-                    let mode = tls_mode(c.unsafe_ssl);
+                if c.tls.enabled {
+                    let mode = tls_mode(c.tls.unsafe_ssl);
                     builder = builder
                         .set_client_to_redis_tls_mode(mode)
                         .set_client_to_sentinel_tls_mode(mode);
@@ -432,11 +418,11 @@ impl RedisSource {
 
     fn address(&self, address: &str) -> Result<ConnectionAddr, ObserveError> {
         let (host, port) = split_host_port(address).map_err(ObserveError::Config)?;
-        Ok(if self.config.enable_tls {
+        Ok(if self.config.tls.enabled {
             ConnectionAddr::TcpTls {
                 host,
                 port,
-                insecure: self.config.unsafe_ssl,
+                insecure: self.config.tls.unsafe_ssl,
                 tls_params: None,
             }
         } else {
@@ -462,15 +448,15 @@ impl RedisSource {
     /// Client certificate and CA from the auth profile, when TLS is on.
     fn certificates(&self) -> Result<Option<redis::TlsCertificates>, ObserveError> {
         let c = &self.config;
-        if !c.enable_tls || (c.ca.is_empty() && c.cert.is_empty()) {
+        if !c.tls.enabled || (c.tls.ca.is_empty() && c.tls.cert.is_empty()) {
             return Ok(None);
         }
-        if !c.key_password.is_empty() {
+        if !c.tls.key_password.is_empty() {
             return Err(ObserveError::Config(
                 "`keyPassword`: encrypted client keys are not supported; give hoist the key unencrypted".into(),
             ));
         }
-        let client_tls = match (c.cert.is_empty(), c.key.is_empty()) {
+        let client_tls = match (c.tls.cert.is_empty(), c.tls.key.is_empty()) {
             (true, _) => None,
             (false, true) => {
                 return Err(ObserveError::Config(
@@ -478,11 +464,11 @@ impl RedisSource {
                 ));
             }
             (false, false) => Some(redis::ClientTlsConfig {
-                client_cert: c.cert.as_bytes().to_vec(),
-                client_key: c.key.expose().as_bytes().to_vec(),
+                client_cert: c.tls.cert.as_bytes().to_vec(),
+                client_key: c.tls.key.expose().as_bytes().to_vec(),
             }),
         };
-        let root_cert = (!c.ca.is_empty()).then(|| c.ca.as_bytes().to_vec());
+        let root_cert = (!c.tls.ca.is_empty()).then(|| c.tls.ca.as_bytes().to_vec());
         Ok(Some(redis::TlsCertificates {
             client_tls,
             root_cert,
