@@ -20,6 +20,8 @@ pub struct AdminState {
     pub driver: Option<Driver>,
     /// This process's interceptor routes, if it runs one.
     pub interceptor: Option<Arc<crate::interceptor::Routes>>,
+    /// Fires at shutdown, ending long polls.
+    pub shutdown: tokio_util::sync::CancellationToken,
     /// True while hoist is serving; false while starting or shutting down.
     pub ready: watch::Receiver<bool>,
 }
@@ -33,9 +35,10 @@ pub fn router(state: AdminState) -> Router {
         router = router.route("/status", get(status));
     }
     let interceptor = state.interceptor.clone();
+    let shutdown = state.shutdown.clone();
     let mut router = router.with_state(state);
     if let Some(routes) = interceptor {
-        router = router.merge(crate::interceptor::report::router(routes));
+        router = router.merge(crate::interceptor::report::router(routes, shutdown));
     }
     router
 }

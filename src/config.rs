@@ -129,6 +129,18 @@ impl InterceptorSettings {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: String, reason: String| ConfigError::Invalid { key, reason };
+        if self.cold_start_timeout > Duration::from_secs(3600) {
+            return Err(invalid(
+                "interceptor.cold_start_timeout".into(),
+                "must be at most one hour".into(),
+            ));
+        }
+        if self.read_timeout > Duration::from_secs(60) {
+            return Err(invalid(
+                "interceptor.read_timeout".into(),
+                "must be at most one minute".into(),
+            ));
+        }
         if self.cold_start_timeout.is_zero() {
             return Err(invalid(
                 "interceptor.cold_start_timeout".into(),
@@ -184,10 +196,11 @@ impl InterceptorSettings {
             if !host_port(upstream) {
                 return Err(invalid(key("upstream"), not_host_port(upstream)));
             }
-            if cold_start.is_some_and(|timeout| timeout.is_zero()) {
+            let hour = Duration::from_secs(3600);
+            if cold_start.is_some_and(|timeout| timeout.is_zero() || timeout > hour) {
                 return Err(invalid(
                     key("cold_start_timeout"),
-                    "must be more than zero".into(),
+                    "must be more than zero and at most one hour".into(),
                 ));
             }
         }

@@ -19,6 +19,8 @@ pub enum ProbeError {
         source_description: String,
         error: PollError,
     },
+    #[error("cannot build the client that reads interceptors")]
+    Client(#[from] reqwest::Error),
 }
 
 /// What one measurement found, in KEDA's terms.
@@ -43,16 +45,18 @@ pub async fn probe(
     };
     // `http`/`tcp` triggers are probed through interceptors' admin ports
     // (`interceptor.endpoints`): the proxies run in another process.
-    let context = crate::scalers::Context {
-        traffic: (!settings.interceptor.endpoints.is_empty()).then(|| {
-            crate::interceptor::traffic::Traffic::Remote(std::sync::Arc::new(
-                crate::interceptor::fleet::Fleet::new(
-                    settings.interceptor.endpoints.clone(),
-                    settings.interceptor.read_timeout,
-                ),
-            ))
-        }),
+    let traffic = if settings.interceptor.endpoints.is_empty() {
+        None
+    } else {
+        let fleet = crate::interceptor::fleet::Fleet::new(
+            settings.interceptor.endpoints.clone(),
+            settings.interceptor.read_timeout,
+        )?;
+        Some(crate::interceptor::traffic::Traffic::Remote(
+            std::sync::Arc::new(fleet),
+        ))
     };
+    let context = crate::scalers::Context { traffic };
     let config = trigger::parse(metadata, &settings.auth_profiles(), defaults, &context)?;
     let trigger = &config.trigger;
     let outcome = tokio::time::timeout(config.timeout, trigger.query.source.observe()).await;

@@ -45,6 +45,8 @@ pub enum ServerError {
     Tls(#[from] crate::tls::TlsError),
     #[error(transparent)]
     Interceptor(#[from] crate::interceptor::InterceptorError),
+    #[error("cannot build the client that reads interceptors")]
+    FleetClient(#[source] reqwest::Error),
     #[error(
         "`hoist interceptor` needs routes: add [[interceptor.http_routes]] or [[interceptor.tcp_routes]] to the config"
     )]
@@ -142,10 +144,13 @@ impl Server {
         let traffic = match &routes {
             Some(routes) => Some(Traffic::Local(routes.clone())),
             None if !settings.interceptor.endpoints.is_empty() => {
-                let fleet = Arc::new(Fleet::new(
-                    settings.interceptor.endpoints.clone(),
-                    settings.interceptor.read_timeout,
-                ));
+                let fleet = Arc::new(
+                    Fleet::new(
+                        settings.interceptor.endpoints.clone(),
+                        settings.interceptor.read_timeout,
+                    )
+                    .map_err(ServerError::FleetClient)?,
+                );
                 tokio::spawn(fleet.clone().watch_cold_starts(cancel.clone()));
                 Some(Traffic::Remote(fleet))
             }
@@ -228,6 +233,7 @@ impl Server {
             registry: Arc::new(registry),
             driver: Some(driver.clone()),
             interceptor: routes,
+            shutdown: stop.clone(),
             ready,
         });
         let admin_task = serve_admin(&settings, admin, admin_router, &stop)?;
@@ -292,6 +298,7 @@ async fn run_interceptor(
         registry: Arc::new(registry),
         driver: None,
         interceptor: Some(routes),
+        shutdown: stop.clone(),
         ready,
     });
     let admin_task = serve_admin(&settings, admin, admin_router, &stop)?;

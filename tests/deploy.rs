@@ -247,10 +247,13 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
     // interceptor's config here, and at every read by hoist.
     let split_setup = hoist::scalers::Context {
         traffic: Some(hoist::interceptor::traffic::Traffic::Remote(
-            std::sync::Arc::new(hoist::interceptor::fleet::Fleet::new(
-                vec!["hoist-interceptor.keda.svc.cluster.local:9091".into()],
-                std::time::Duration::from_secs(1),
-            )),
+            std::sync::Arc::new(
+                hoist::interceptor::fleet::Fleet::new(
+                    vec!["hoist-interceptor.keda.svc.cluster.local:9091".into()],
+                    std::time::Duration::from_secs(1),
+                )
+                .unwrap(),
+            ),
         )),
     };
     let interceptor_docs = documents("deploy/kubernetes");

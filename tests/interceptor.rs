@@ -98,14 +98,25 @@ async fn echo(request: Request<Incoming>) -> Response<Body> {
             .unwrap_or("-")
             .to_string()
     };
+    // HTTP/2 carries the host as `:authority`, HTTP/1.1 as `Host`.
+    let host = match request.uri().authority() {
+        Some(authority) if request.version() == http::Version::HTTP_2 => authority.to_string(),
+        _ => header("host"),
+    };
+    let cookies: Vec<_> = request
+        .headers()
+        .get_all("cookie")
+        .iter()
+        .map(|value| value.to_str().unwrap_or("?").to_string())
+        .collect();
     let text = format!(
-        "host={} xff={} xfp={} path={} version={:?} private={}",
-        header("host"),
+        "host={host} xff={} xfp={} path={} version={:?} private={} cookies={}",
         header("x-forwarded-for"),
         header("x-forwarded-proto"),
         request.uri().path_and_query().map_or("", |p| p.as_str()),
         request.version(),
         header("x-private"),
+        cookies.join("|"),
     );
     Response::new(full(text))
 }
@@ -506,11 +517,17 @@ async fn held_requests_time_out_with_504_and_past_the_cap_get_503() {
     assert!(body.contains("cold start timeout"), "{body}");
     assert!(body.contains("route `web`"), "{body}");
 
-    // TCP has no way to say why: the connection closes.
+    // A TCP connection is held too; at its timeout it closes (raw TCP has
+    // no way to say why).
     let mut client = TcpStream::connect(hoist.tcp_proxies["db"]).await.unwrap();
+    eventually("the connection to be held", || async {
+        routes(hoist.admin).await.routes["db"].load.held == 1
+    })
+    .await;
     let mut buffer = Vec::new();
     let read = client.read_to_end(&mut buffer).await;
     assert!(read.is_err() || buffer.is_empty(), "closed without data");
+    assert_eq!(routes(hoist.admin).await.routes["db"].load.held, 0);
     hoist.stop().await.unwrap();
 }
 
@@ -567,11 +584,11 @@ async fn trigger_metadata_is_checked_against_the_routes() {
             status.message()
         );
     }
-    // By host, the route serving it is found; the default target is 10.
+    // By host, the route serving it is measured; the default target is 10.
     let spec = hoist
         .spec(&object("app", &[("scaler", "http"), ("host", "WEB.test")]))
         .await;
-    assert_eq!(spec.metric_name, "http-web");
+    assert_eq!(spec.metric_name, "http-web-test");
     assert_eq!(spec.target_size_float, 10.0);
     hoist.stop().await.unwrap();
 
@@ -743,4 +760,279 @@ async fn in_engine_mode_a_cold_start_is_decided_and_pushed_at_once() {
     assert_eq!(request.await.unwrap().0, StatusCode::OK);
     assert_eq!(upstream.requests(), 1);
     hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_h2c_upstream_holds_each_request_on_its_own_and_caps_them() {
+    let upstream_addr = free_addr().await;
+    let mut route = http_route("grpc-app", "grpc.test", upstream_addr);
+    route.upstream_http2 = true;
+    let mut settings = with_routes(vec![route], vec![]);
+    settings.interceptor.max_held_per_route = 2;
+    let hoist = Hoist::start_with(settings).await;
+    let proxy = hoist.http_proxy.unwrap();
+
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(tokio::spawn(async move {
+            send(&h2c_client(), proxy, "grpc.test", "/held").await
+        }));
+    }
+    eventually("two requests to be held", || async {
+        routes(hoist.admin).await.routes["grpc-app"].load.held == 2
+    })
+    .await;
+    // Past the cap, at once.
+    let (status, body) = send(&h2c_client(), proxy, "grpc.test", "/third").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+
+    let upstream = Upstream::serve(TcpListener::bind(upstream_addr).await.unwrap(), echo);
+    for request in held {
+        let (status, body) = request.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.contains("version=HTTP/2.0"), "{body}");
+    }
+    assert_eq!(upstream.requests(), 2, "each held request sent once");
+    hoist.stop().await.unwrap();
+}
+
+/// A listener whose accept queue is full: further connection attempts
+/// get no answer at all, like a gone pod's IP.
+async fn unanswering_upstream() -> (SocketAddr, Vec<TcpStream>, tokio::net::TcpListener) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(stream)) =
+            tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await
+        {
+            fillers.push(stream);
+        }
+    }
+    (addr, fillers, listener)
+}
+
+#[tokio::test]
+async fn an_upstream_that_never_answers_is_held_for_too() {
+    let (addr, _fillers, _listener) = unanswering_upstream().await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", addr)],
+        vec![],
+    ))
+    .await;
+    let scaled = object("web-app", &[("scaler", "http"), ("route", "web")]);
+    let mut client = hoist.client().await;
+    let mut activity = client.stream_is_active(scaled).await.unwrap().into_inner();
+    let proxy = hoist.http_proxy.unwrap();
+    let request = tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/").await });
+    // After one bounded attempt the request is held and KEDA hears of it.
+    eventually("the request to be held", || async {
+        routes(hoist.admin).await.routes["web"].load.held == 1
+    })
+    .await;
+    assert!(next_activity(&mut activity).await);
+    request.abort();
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn http1_trailers_pass_through() {
+    let upstream = Upstream::start(|_request: Request<Incoming>| async move {
+        let frames = futures::stream::iter([
+            Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"payload"))),
+            Ok(Frame::trailers({
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("x-checksum", "abc".parse().unwrap());
+                trailers
+            })),
+        ]);
+        Response::builder()
+            .header("trailer", "x-checksum")
+            .body(BodyExt::boxed(StreamBody::new(frames)))
+            .unwrap()
+    })
+    .await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", upstream.addr)],
+        vec![],
+    ))
+    .await;
+    let request = Request::builder()
+        .uri(format!("http://{}/", hoist.http_proxy.unwrap()))
+        .header("host", "web.test")
+        .header("te", "trailers")
+        .body(full(""))
+        .unwrap();
+    let response = http1_client().request(request).await.unwrap();
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers arrive");
+    assert_eq!(trailers["x-checksum"], "abc");
+    assert_eq!(&collected.to_bytes()[..], b"payload");
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn clients_that_leave_while_held_release_their_place() {
+    let upstream_addr = free_addr().await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", upstream_addr)],
+        vec![tcp_route("db", upstream_addr)],
+    ))
+    .await;
+    let proxy = hoist.http_proxy.unwrap();
+    let request = tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/").await });
+    let tcp_client = TcpStream::connect(hoist.tcp_proxies["db"]).await.unwrap();
+    eventually("both to be held", || async {
+        let report = routes(hoist.admin).await;
+        report.routes["web"].load.held == 1 && report.routes["db"].load.held == 1
+    })
+    .await;
+    request.abort();
+    drop(tcp_client);
+    eventually("both places to be released", || async {
+        let report = routes(hoist.admin).await;
+        let (web, db) = (&report.routes["web"].load, &report.routes["db"].load);
+        web.held + web.in_flight + db.held + db.in_flight == 0
+    })
+    .await;
+
+    // When the app comes up, nobody who left is connected to it.
+    let listener = TcpListener::bind(upstream_addr).await.unwrap();
+    let accepted = tokio::time::timeout(Duration::from_millis(500), listener.accept()).await;
+    assert!(accepted.is_err(), "a connection for a client that left");
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn routes_split_by_path_prefix_and_merge_http2_cookies_for_http1() {
+    let api = Upstream::start(echo).await;
+    let site = Upstream::start(echo).await;
+    let mut api_route = http_route("api", "shop.test", api.addr);
+    api_route.path_prefix = Some("/api".into());
+    let hoist = Hoist::start_with(with_routes(
+        vec![api_route, http_route("site", "shop.test", site.addr)],
+        vec![],
+    ))
+    .await;
+    let proxy = hoist.http_proxy.unwrap();
+    let client = http1_client();
+    for (path, upstream) in [
+        ("/api/orders", &api),
+        ("/api", &api),
+        ("/apiary", &site),
+        ("/", &site),
+    ] {
+        let before = upstream.requests();
+        let (status, _) = send(&client, proxy, "shop.test", path).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(upstream.requests(), before + 1, "{path}");
+    }
+
+    let request = Request::builder()
+        .uri(format!("http://{proxy}/"))
+        .header("host", "shop.test")
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .header("x-forwarded-proto", "https")
+        .body(full(""))
+        .unwrap();
+    let response = h2c_client().request(request).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.ends_with("cookies=a=1; b=2"),
+        "one Cookie field: {body}"
+    );
+    assert!(
+        body.contains("xfp=https"),
+        "a proxy in front knows better: {body}"
+    );
+
+    // A host two routes serve cannot be measured by host: say which.
+    let status = hoist
+        .client()
+        .await
+        .get_metric_spec(object("app", &[("scaler", "http"), ("host", "shop.test")]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("several routes (api, site)"),
+        "{}",
+        status.message()
+    );
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn concurrency_counts_requests_in_flight() {
+    let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+    let upstream = Upstream::start(move |_request: Request<Incoming>| {
+        let mut release = release_rx.clone();
+        async move {
+            let _ = release.wait_for(|go| *go).await;
+            Response::new(full("done"))
+        }
+    })
+    .await;
+    let hoist = Hoist::start_with(with_routes(
+        vec![http_route("web", "web.test", upstream.addr)],
+        vec![],
+    ))
+    .await;
+    let proxy = hoist.http_proxy.unwrap();
+    let open: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/").await }))
+        .collect();
+    let scaled = object(
+        "web-app",
+        &[
+            ("scaler", "http"),
+            ("route", "web"),
+            ("metric", "concurrency"),
+            ("pollingInterval", "1"),
+        ],
+    );
+    eventually("three requests in flight, in the metric", || async {
+        hoist.metric(&scaled).await.unwrap().1 == 3.0
+    })
+    .await;
+    release_tx.send(true).unwrap();
+    for request in open {
+        assert_eq!(request.await.unwrap().0, StatusCode::OK);
+    }
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replica_reached_at_two_addresses_is_counted_once() {
+    let upstream = Upstream::start(echo).await;
+    let mut settings = with_routes(vec![http_route("web", "web.test", upstream.addr)], vec![]);
+    settings.admin.listen = "0.0.0.0:0".parse().unwrap();
+    let interceptor = Hoist::start_interceptor(settings).await;
+    let port = interceptor.admin.port();
+    for _ in 0..3 {
+        send(
+            &http1_client(),
+            interceptor.http_proxy.unwrap(),
+            "web.test",
+            "/",
+        )
+        .await;
+    }
+    let mut scaler_settings = Settings::default();
+    // Two loopback addresses, one process (as a dual-stack Service's A and
+    // AAAA records would be).
+    scaler_settings.interceptor.endpoints =
+        vec![format!("127.0.0.1:{port}"), format!("127.0.0.2:{port}")];
+    let scaler = Hoist::start_with(scaler_settings).await;
+    let (_, value) = scaler
+        .metric(&object("web-app", &[("scaler", "http"), ("route", "web")]))
+        .await
+        .unwrap();
+    assert!((value - 3.0 / 15.0).abs() < 1e-9, "{value}");
+    scaler.stop().await.unwrap();
+    interceptor.stop().await.unwrap();
 }

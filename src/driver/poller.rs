@@ -25,6 +25,9 @@ pub struct Schedule {
 /// source is never asked more often than a healthy one in the long run.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
+/// Polls a source's wake-ups cause are at least this far apart.
+const MIN_WAKE_GAP: Duration = Duration::from_millis(250);
+
 /// The registry's view of a running poller.
 pub struct Poller {
     pub readings: watch::Receiver<Reading>,
@@ -192,8 +195,14 @@ impl PollLoop {
                     }
                     _ = sleep_until_or_forever(started.checked_add(wait)) => break,
                     // The source says its value just changed (a cold start
-                    // began): measure now, not at the next tick.
-                    () = woken(&mut wakeups) => break,
+                    // began): measure now, not at the next tick, but not
+                    // more often than MIN_WAKE_GAP however often it says so.
+                    () = woken(&mut wakeups) => {
+                        tokio::select! {
+                            _ = self.cancel.cancelled() => return,
+                            _ = tokio::time::sleep_until(started + MIN_WAKE_GAP) => break,
+                        }
+                    }
                     changed = self.schedule.changed() => {
                         if changed.is_err() {
                             return;

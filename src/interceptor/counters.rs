@@ -29,9 +29,10 @@ pub struct RouteCounters {
     started: [AtomicU64; SLOTS],
     /// Concurrency sampled once per second: `second << 32 | level`.
     concurrency: [AtomicU64; SLOTS],
-    /// Bumped when a request starts waiting for an upstream that is at zero,
-    /// so the scaler can poll (and push) at once instead of at its next tick.
-    holds: watch::Sender<u64>,
+    /// Counts cold starts: bumped when a first request starts waiting for
+    /// an upstream at zero, so the scaler can poll (and push) at once
+    /// instead of at its next tick.
+    cold_starts: watch::Sender<u64>,
 }
 
 /// What a route carried recently, as the scaler reads it.
@@ -69,7 +70,7 @@ impl RouteCounters {
             peak: AtomicU64::new(0),
             started: std::array::from_fn(|_| AtomicU64::new(0)),
             concurrency: std::array::from_fn(|_| AtomicU64::new(0)),
-            holds: watch::Sender::new(0),
+            cold_starts: watch::Sender::new(0),
         }
     }
 
@@ -102,7 +103,7 @@ impl RouteCounters {
             })
             .ok()?;
         if before == 0 {
-            self.holds.send_modify(|generation| *generation += 1);
+            self.cold_starts.send_modify(|count| *count += 1);
         }
         Some(Held {
             counters: self.clone(),
@@ -113,9 +114,9 @@ impl RouteCounters {
         self.held.load(Ordering::Acquire)
     }
 
-    /// Ticks every time a cold start begins on this route.
-    pub fn holds(&self) -> watch::Receiver<u64> {
-        self.holds.subscribe()
+    /// How many cold starts began on this route; ticks at each.
+    pub fn cold_starts(&self) -> watch::Receiver<u64> {
+        self.cold_starts.subscribe()
     }
 
     /// Records this second's concurrency sample: the highest level seen
@@ -132,11 +133,21 @@ impl RouteCounters {
 
     /// The route's load over the window that ends now.
     pub fn load(&self, now: Instant) -> Load {
-        let second = self.second(now);
+        let elapsed = now.saturating_duration_since(self.epoch);
+        let second = elapsed.as_secs();
         let first = second.saturating_sub(WINDOW_SECONDS - 1);
-        let started: u64 = (first..=second)
+        // The window is (now - 15 s, now]: this second so far, the 14
+        // before it, and the share of the 15th before it still inside,
+        // taking its requests as spread evenly over it.
+        let recent: u64 = (first..=second)
             .filter_map(|s| value_at(&self.started[slot(s)], s))
             .sum();
+        let leaving = second
+            .checked_sub(WINDOW_SECONDS)
+            .and_then(|s| value_at(&self.started[slot(s)], s))
+            .unwrap_or(0);
+        let inside = 1.0 - f64::from(elapsed.subsec_nanos()) / 1e9;
+        let started = recent as f64 + leaving as f64 * inside;
         let in_flight = self.in_flight.load(Ordering::Acquire);
         let samples: Vec<u64> = (first..=second)
             .filter_map(|s| value_at(&self.concurrency[slot(s)], s))
@@ -149,7 +160,7 @@ impl RouteCounters {
             samples.iter().sum::<u64>() as f64 / samples.len() as f64
         };
         Load {
-            rate: started as f64 / WINDOW_SECONDS as f64,
+            rate: started / WINDOW_SECONDS as f64,
             concurrency,
             in_flight,
             held: self.held(),
@@ -230,10 +241,13 @@ mod tests {
             drop(counters.start(at(epoch, 10_500)));
         }
         assert_eq!(counters.load(at(epoch, 11_000)).rate, 3.0);
-        // Second 0 leaves the window at second 15; second 10 at second 25.
-        assert_eq!(counters.load(at(epoch, 14_999)).rate, 3.0);
-        assert_eq!(counters.load(at(epoch, 15_000)).rate, 1.0);
-        assert_eq!(counters.load(at(epoch, 25_000)).rate, 0.0);
+        // Second 0 slides out of the window between 15 s and 16 s (its
+        // requests taken as spread over it); second 10 between 25 and 26 s.
+        assert_eq!(counters.load(at(epoch, 15_000)).rate, 3.0);
+        assert_eq!(counters.load(at(epoch, 15_500)).rate, 2.0);
+        assert_eq!(counters.load(at(epoch, 16_000)).rate, 1.0);
+        assert_eq!(counters.load(at(epoch, 25_500)).rate, 0.5);
+        assert_eq!(counters.load(at(epoch, 26_000)).rate, 0.0);
         // A slot reused a ring later does not bring old counts back.
         assert_eq!(counters.load(at(epoch, 32_500)).rate, 0.0);
         drop(counters.start(at(epoch, 32_100)));
@@ -284,17 +298,17 @@ mod tests {
     #[test]
     fn holds_are_capped_and_the_first_of_a_cold_start_wakes_watchers() {
         let counters = Arc::new(RouteCounters::new(Instant::now()));
-        let mut holds = counters.holds();
+        let mut cold_starts = counters.cold_starts();
         let first = counters.try_hold(2).expect("room for two");
-        assert!(holds.has_changed().unwrap(), "a cold start began");
-        holds.mark_unchanged();
+        assert!(cold_starts.has_changed().unwrap(), "a cold start began");
+        cold_starts.mark_unchanged();
         let second = counters.try_hold(2).expect("room for two");
-        assert!(!holds.has_changed().unwrap(), "same cold start");
+        assert!(!cold_starts.has_changed().unwrap(), "same cold start");
         assert!(counters.try_hold(2).is_none(), "the cap holds");
         assert_eq!(counters.held(), 2);
         drop((first, second));
         assert_eq!(counters.held(), 0);
         let _again = counters.try_hold(2).unwrap();
-        assert!(holds.has_changed().unwrap(), "a new cold start");
+        assert!(cold_starts.has_changed().unwrap(), "a new cold start");
     }
 }

@@ -30,9 +30,13 @@ pub struct Fleet {
     endpoints: Vec<String>,
     read_timeout: Duration,
     client: reqwest::Client,
-    last_sweep: tokio::sync::Mutex<Option<(Instant, Arc<Sweep>)>>,
+    /// The latest sweep, failed ones too: when every replica is down, N
+    /// triggers must not queue up N full timeouts one after another.
+    last_sweep: tokio::sync::Mutex<Option<(Instant, SweepResult)>>,
     wakers: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
+
+type SweepResult = Result<Arc<Sweep>, ObserveError>;
 
 /// One read of every replica.
 struct Sweep {
@@ -42,19 +46,19 @@ struct Sweep {
 }
 
 impl Fleet {
-    pub fn new(endpoints: Vec<String>, read_timeout: Duration) -> Self {
+    /// Fails only when no HTTP client can be built (no TLS backend).
+    pub fn new(endpoints: Vec<String>, read_timeout: Duration) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .timeout(read_timeout)
             .connect_timeout(read_timeout)
-            .build()
-            .unwrap_or_default();
-        Self {
+            .build()?;
+        Ok(Self {
             endpoints,
             read_timeout,
             client,
             last_sweep: tokio::sync::Mutex::new(None),
             wakers: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
     pub fn endpoints(&self) -> &[String] {
@@ -70,17 +74,24 @@ impl Fleet {
     ) -> Result<Load, ObserveError> {
         let sweep = self.sweep().await?;
         let mut total = Load::default();
-        let mut found = false;
+        let mut found = BTreeSet::new();
         for report in &sweep.reports {
             for (name, route_report) in &report.routes {
                 if route_report.protocol == protocol
                     && route.selects(name, route_report.host.as_deref())
                 {
                     total.add(&route_report.load);
-                    found = true;
+                    found.insert(name.as_str());
                 }
             }
         }
+        if found.len() > 1 {
+            return Err(ObserveError::Config(format!(
+                "{route} is served by several routes ({}): select one with `route`",
+                found.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let found = !found.is_empty();
         if !found {
             let known: BTreeSet<&str> = sweep
                 .reports
@@ -106,20 +117,29 @@ impl Fleet {
         Ok(total)
     }
 
-    async fn sweep(&self) -> Result<Arc<Sweep>, ObserveError> {
+    async fn sweep(&self) -> SweepResult {
         let mut last = self.last_sweep.lock().await;
         if let Some((at, sweep)) = last.as_ref()
             && at.elapsed() < SWEEP_REUSE
         {
-            return Ok(sweep.clone());
+            return sweep.clone();
         }
+        let sweep = self.sweep_now().await;
+        *last = Some((Instant::now(), sweep.clone()));
+        sweep
+    }
+
+    async fn sweep_now(&self) -> SweepResult {
         let addresses = self.discover().await?;
         let reads = addresses.iter().map(|address| self.read(*address));
         let results = futures::future::join_all(reads).await;
-        let mut reports = Vec::new();
+        let mut reports: Vec<RoutesReport> = Vec::new();
         let mut failures = Vec::new();
         for (address, result) in addresses.iter().zip(results) {
             match result {
+                // One replica can have several addresses (a dual-stack
+                // headless Service lists its IPv4 and IPv6): count it once.
+                Ok(report) if reports.iter().any(|seen| seen.instance == report.instance) => {}
                 Ok(report) => reports.push(report),
                 Err(reason) => failures.push(format!("{address}: {reason}")),
             }
@@ -136,9 +156,7 @@ impl Fleet {
             // scaling. Its own traffic is missing from this reading.
             warn!(failed = %failures.join("; "), answered = reports.len(), "some interceptor replicas did not answer; summing the others");
         }
-        let sweep = Arc::new(Sweep { reports, failures });
-        *last = Some((Instant::now(), sweep.clone()));
-        Ok(sweep)
+        Ok(Arc::new(Sweep { reports, failures }))
     }
 
     /// Every replica address the endpoints resolve to now.
@@ -240,11 +258,17 @@ impl Fleet {
     }
 
     async fn watch_replica(self: Arc<Self>, address: SocketAddr, shutdown: CancellationToken) {
-        let client = reqwest::Client::builder()
+        let client = match reqwest::Client::builder()
             .connect_timeout(self.read_timeout)
             .timeout(MAX_WAIT + self.read_timeout)
             .build()
-            .unwrap_or_default();
+        {
+            Ok(client) => client,
+            Err(error) => {
+                warn!(%address, error = %describe(&error), "cannot watch an interceptor for cold starts");
+                return;
+            }
+        };
         let mut seen: Option<HoldsReport> = None;
         loop {
             let mut url = format!(

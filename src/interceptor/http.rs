@@ -17,7 +17,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -37,25 +37,33 @@ pub struct HttpRoute {
     pub path_prefix: Option<String>,
     pub counters: Arc<RouteCounters>,
     pub upstream_http2: bool,
+    upstream: Arc<Upstream>,
     client: Client<ColdStartConnector, Incoming>,
 }
+
+/// Idle upstream connections kept per route, at most.
+const MAX_IDLE_PER_ROUTE: usize = 1024;
 
 impl HttpRoute {
     pub fn new(
         name: String,
         host: &str,
         path_prefix: Option<String>,
-        upstream: Upstream,
+        upstream: Arc<Upstream>,
         upstream_http2: bool,
     ) -> Self {
         let counters = upstream.counters.clone();
         let mut builder = Client::builder(TokioExecutor::new());
-        builder.pool_idle_timeout(Duration::from_secs(90));
+        // Without a timer the idle timeout is never enforced.
+        builder
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(MAX_IDLE_PER_ROUTE);
         if upstream_http2 {
             builder.http2_only(true);
         }
         let client = builder.build(ColdStartConnector {
-            upstream: Arc::new(upstream),
+            upstream: upstream.clone(),
         });
         Self {
             name,
@@ -63,6 +71,7 @@ impl HttpRoute {
             path_prefix,
             counters,
             upstream_http2,
+            upstream,
             client,
         }
     }
@@ -103,6 +112,8 @@ impl HttpRouter {
     }
 }
 
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves the proxy until `shutdown`, then lets open requests finish for up
 /// to `grace`.
 pub async fn serve(
@@ -111,7 +122,12 @@ pub async fn serve(
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // A client gets this long to send a request's headers (slow-loris).
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -175,15 +191,17 @@ async fn proxy(
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
 
     let (mut parts, body) = request.into_parts();
-    let authority = authority_of(&parts);
+    let client_authority = authority_of(&parts);
     let path = parts
         .uri
         .path_and_query()
         .map_or("/", |path| path.as_str())
         .to_string();
+    // The route's own host keys the connection pool: one pool per route,
+    // whatever `Host` spellings clients send.
     parts.uri = match Uri::builder()
         .scheme("http")
-        .authority(authority.as_str())
+        .authority(route.host.as_str())
         .path_and_query(path)
         .build()
     {
@@ -191,27 +209,38 @@ async fn proxy(
         Err(_) => {
             return plain(
                 StatusCode::BAD_REQUEST,
-                format!("hoist interceptor: `{authority}` is not a valid host\n"),
+                "hoist interceptor: the request target cannot be forwarded\n".to_string(),
             );
         }
     };
-    parts.version = if route.upstream_http2 {
-        Version::HTTP_2
-    } else {
-        Version::HTTP_11
-    };
     remove_hop_by_hop(&mut parts.headers, upgrade.as_ref());
-    if !parts.headers.contains_key(header::HOST)
-        && let Ok(value) = HeaderValue::from_str(&authority)
-    {
-        parts.headers.insert(header::HOST, value);
+    if route.upstream_http2 {
+        // HTTP/2 carries the host as `:authority` (the route's host).
+        parts.version = Version::HTTP_2;
+        parts.headers.remove(header::HOST);
+    } else {
+        parts.version = Version::HTTP_11;
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(value) = HeaderValue::from_str(&client_authority)
+        {
+            parts.headers.insert(header::HOST, value);
+        }
+        if client_version == Version::HTTP_2 {
+            join_cookies(&mut parts.headers);
+        }
     }
     forwarded_headers(&mut parts.headers, peer);
 
+    // Held here, each request on its own deadline and under the cap, while
+    // the upstream is at zero; the connector's own wait covers the rest.
+    if let Err(error) = route.upstream.admit(route.upstream.deadline()).await {
+        return refused(&error);
+    }
     let mut response = match route.client.request(Request::from_parts(parts, body)).await {
         Ok(response) => response,
         Err(error) => return upstream_failure(&route.name, &error),
     };
+    route.upstream.reached();
     *response.version_mut() = client_version;
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS
@@ -260,12 +289,7 @@ fn upstream_failure(route: &str, error: &hyper_util::client::legacy::Error) -> R
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(current) = source {
         if let Some(upstream) = current.downcast_ref::<UpstreamError>() {
-            let status = match upstream {
-                UpstreamError::ColdStartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-                UpstreamError::TooManyHeld { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            debug!(route, error = %upstream, "request not forwarded");
-            return plain(status, format!("hoist interceptor: {upstream}\n"));
+            return refused(upstream);
         }
         source = current.source();
     }
@@ -275,8 +299,31 @@ fn upstream_failure(route: &str, error: &hyper_util::client::legacy::Error) -> R
     debug!(route, error = %cause, "upstream failed");
     plain(
         StatusCode::BAD_GATEWAY,
-        format!("hoist interceptor: route `{route}`: the upstream failed: {cause}\n"),
+        format!("hoist interceptor: route `{route}`: the app's connection failed\n"),
     )
+}
+
+fn refused(error: &UpstreamError) -> Response<ProxyBody> {
+    let status = match error {
+        UpstreamError::ColdStartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        UpstreamError::TooManyHeld { .. } => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    plain(status, format!("hoist interceptor: {error}\n"))
+}
+
+/// An HTTP/2 client may split `Cookie` into several fields; HTTP/1.1
+/// servers expect one (RFC 9113 §8.2.3).
+fn join_cookies(headers: &mut HeaderMap) {
+    let cookies: Vec<&str> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .collect();
+    if cookies.len() > 1
+        && let Ok(joined) = HeaderValue::from_str(&cookies.join("; "))
+    {
+        headers.insert(header::COOKIE, joined);
+    }
 }
 
 /// The host a request is for, lower case, without a port: the `Host`
@@ -325,6 +372,7 @@ fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are
 /// not forwarded, except what an upgrade needs and `TE: trailers` (gRPC).
+/// `Trailer` is end to end: HTTP/1.1 only sends the trailers it declares.
 fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -346,7 +394,6 @@ fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
         header::PROXY_AUTHENTICATE,
         header::PROXY_AUTHORIZATION,
         header::TE,
-        header::TRAILER,
         header::TRANSFER_ENCODING,
         header::UPGRADE,
     ] {
@@ -443,7 +490,10 @@ impl tower::Service<Uri> for ColdStartConnector {
 
     fn call(&mut self, _uri: Uri) -> Self::Future {
         let upstream = self.upstream.clone();
-        Box::pin(async move { upstream.connect().await.map(TokioIo::new) })
+        Box::pin(async move {
+            let deadline = upstream.deadline();
+            upstream.connect(deadline).await.map(TokioIo::new)
+        })
     }
 }
 
@@ -468,6 +518,7 @@ mod tests {
         headers.insert("x-private", HeaderValue::from_static("1"));
         headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert(header::TRAILER, HeaderValue::from_static("x-checksum"));
         headers.insert(
             header::TRANSFER_ENCODING,
             HeaderValue::from_static("chunked"),
@@ -478,6 +529,7 @@ mod tests {
         assert!(!headers.contains_key("keep-alive"));
         assert!(!headers.contains_key(header::TRANSFER_ENCODING));
         assert_eq!(headers[header::TE], "trailers");
+        assert_eq!(headers[header::TRAILER], "x-checksum", "end to end");
         assert_eq!(headers[header::UPGRADE], "websocket");
         assert_eq!(headers[header::CONNECTION], "upgrade");
         assert_eq!(headers["x-kept"], "1");
@@ -486,13 +538,13 @@ mod tests {
     #[test]
     fn path_prefixes_match_whole_segments() {
         let counters = Arc::new(RouteCounters::new(Instant::now()));
-        let upstream = Upstream {
-            route: "api".into(),
-            address: "127.0.0.1:1".into(),
-            cold_start_timeout: Duration::from_secs(1),
-            max_held: 1,
+        let upstream = Arc::new(Upstream::new(
+            "api".into(),
+            "127.0.0.1:1".into(),
+            Duration::from_secs(1),
+            1,
             counters,
-        };
+        ));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -509,5 +561,15 @@ mod tests {
         assert!(route.matches("web.example.com", "/api/orders"));
         assert!(!route.matches("web.example.com", "/apix"));
         assert!(!route.matches("other.example.com", "/api"));
+    }
+
+    #[test]
+    fn http2_cookie_fields_become_one_for_http1() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        headers.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        join_cookies(&mut headers);
+        let cookies: Vec<_> = headers.get_all(header::COOKIE).iter().collect();
+        assert_eq!(cookies, ["a=1; b=2"]);
     }
 }

@@ -70,16 +70,6 @@ impl Routes {
         self.routes.iter()
     }
 
-    /// The HTTP route serving `host`; with several (path prefixes), the
-    /// first by name.
-    pub fn by_host(&self, host: &str) -> Option<(&str, &RouteInfo)> {
-        let host = host.to_ascii_lowercase();
-        self.routes
-            .iter()
-            .find(|(_, route)| route.host.as_deref() == Some(host.as_str()))
-            .map(|(name, route)| (name.as_str(), route))
-    }
-
     pub fn names(&self, protocol: Protocol) -> Vec<&str> {
         self.routes
             .iter()
@@ -130,12 +120,14 @@ impl Interceptor {
     pub async fn bind(settings: &InterceptorSettings) -> Result<Self, InterceptorError> {
         let epoch = Instant::now();
         let mut routes = BTreeMap::new();
-        let upstream = |name: &str, address: &str, cold_start: Option<Duration>| Upstream {
-            route: name.to_string(),
-            address: address.to_string(),
-            cold_start_timeout: cold_start.unwrap_or(settings.cold_start_timeout),
-            max_held: settings.max_held_per_route,
-            counters: Arc::new(RouteCounters::new(epoch)),
+        let upstream = |name: &str, address: &str, cold_start: Option<Duration>| {
+            Arc::new(Upstream::new(
+                name.to_string(),
+                address.to_string(),
+                cold_start.unwrap_or(settings.cold_start_timeout),
+                settings.max_held_per_route,
+                Arc::new(RouteCounters::new(epoch)),
+            ))
         };
         let mut http_routes = Vec::new();
         for route in &settings.http_routes {
@@ -166,11 +158,7 @@ impl Interceptor {
         };
         let mut tcp = Vec::new();
         for route in &settings.tcp_routes {
-            let upstream = Arc::new(upstream(
-                &route.name,
-                &route.upstream,
-                route.cold_start_timeout,
-            ));
+            let upstream = upstream(&route.name, &route.upstream, route.cold_start_timeout);
             routes.insert(
                 route.name.clone(),
                 RouteInfo {

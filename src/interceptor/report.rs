@@ -12,6 +12,7 @@ use axum::extract::{Query, State};
 use axum::routing::get;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::counters::Load;
 use super::{Protocol, Routes};
@@ -80,7 +81,7 @@ fn holds_report(routes: &Routes) -> HoldsReport {
             .map(|(name, route)| {
                 let holds = RouteHolds {
                     host: route.host.clone(),
-                    cold_starts: *route.counters.holds().borrow(),
+                    cold_starts: *route.counters.cold_starts().borrow(),
                     held: route.counters.held(),
                 };
                 (name.clone(), holds)
@@ -89,16 +90,23 @@ fn holds_report(routes: &Routes) -> HoldsReport {
     }
 }
 
+#[derive(Clone)]
+struct ReportState {
+    routes: Arc<Routes>,
+    /// Ends open long polls, so they do not hold up a shutdown.
+    shutdown: CancellationToken,
+}
+
 /// The admin routes an interceptor adds.
-pub fn router(routes: Arc<Routes>) -> Router {
+pub fn router(routes: Arc<Routes>, shutdown: CancellationToken) -> Router {
     Router::new()
         .route("/interceptor/routes", get(get_routes))
         .route("/interceptor/holds", get(get_holds))
-        .with_state(routes)
+        .with_state(ReportState { routes, shutdown })
 }
 
-async fn get_routes(State(routes): State<Arc<Routes>>) -> axum::Json<RoutesReport> {
-    axum::Json(routes_report(&routes, Instant::now()))
+async fn get_routes(State(state): State<ReportState>) -> axum::Json<RoutesReport> {
+    axum::Json(routes_report(&state.routes, Instant::now()))
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,12 +123,12 @@ struct HoldsQuery {
 /// starts it has not seen); otherwise when the next cold start begins or
 /// the wait ends.
 async fn get_holds(
-    State(routes): State<Arc<Routes>>,
+    State(ReportState { routes, shutdown }): State<ReportState>,
     Query(query): Query<HoldsQuery>,
 ) -> axum::Json<HoldsReport> {
     let mut watchers: Vec<_> = routes
         .iter()
-        .map(|(_, route)| route.counters.holds())
+        .map(|(_, route)| route.counters.cold_starts())
         .collect();
     let report = holds_report(&routes);
     let current = query.instance.as_deref() == Some(routes.instance.as_str())
@@ -134,6 +142,9 @@ async fn get_holds(
             .iter_mut()
             .map(|watcher| Box::pin(watcher.changed())),
     );
-    let _ = tokio::time::timeout(wait, any_change).await;
+    tokio::select! {
+        _ = tokio::time::timeout(wait, any_change) => {}
+        _ = shutdown.cancelled() => {}
+    }
     axum::Json(holds_report(&routes))
 }

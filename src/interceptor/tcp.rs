@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -11,6 +12,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::upstream::Upstream;
+
+/// What a held client may send before its upstream is reached; past this
+/// the client waits (TCP flow control) like any slow server's client.
+const EARLY_DATA_LIMIT: usize = 64 * 1024;
 
 /// Accepts connections for one route until `shutdown`, then gives open
 /// ones up to `grace` to finish.
@@ -54,14 +59,46 @@ pub async fn serve(
     }
 }
 
-async fn forward(mut client: TcpStream, upstream: &Upstream) -> std::io::Result<()> {
+async fn forward(mut client: TcpStream, upstream: &Arc<Upstream>) -> std::io::Result<()> {
     let _ = client.set_nodelay(true);
+    // While held, keep reading what the client sends (many protocols
+    // speak first), so that a client who gives up is noticed and its
+    // place released, instead of being connected to the app later.
+    let mut early = Vec::new();
+    let mut client_done_sending = false;
+    let connected = {
+        let connect = upstream.connect(upstream.deadline());
+        tokio::pin!(connect);
+        loop {
+            let mut buffer = [0u8; 4096];
+            let listening = !client_done_sending && early.len() < EARLY_DATA_LIMIT;
+            tokio::select! {
+                connected = &mut connect => break connected,
+                read = client.read(&mut buffer), if listening => match read {
+                    Ok(0) if early.is_empty() => {
+                        debug!(route = %upstream.route, "client left while its connection was held");
+                        return Ok(());
+                    }
+                    Ok(0) => client_done_sending = true,
+                    Ok(n) => early.extend_from_slice(&buffer[..n]),
+                    Err(error) => return Err(error),
+                },
+            }
+        }
+    };
     // A client refused here just sees its connection close: raw TCP has
     // no way to say why. The reason goes to the log.
-    let mut server = upstream.connect().await.map_err(|error| {
+    let mut server = connected.map_err(|error| {
         warn!(route = %upstream.route, %error, "connection not forwarded");
         std::io::Error::other(error)
     })?;
+    server.write_all(&early).await?;
+    if client_done_sending {
+        server.shutdown().await?;
+        tokio::io::copy(&mut server, &mut client).await?;
+        client.shutdown().await?;
+        return Ok(());
+    }
     // Half-close passes through: when one side finishes sending, the other
     // side's write half is shut down and the reverse direction continues.
     tokio::io::copy_bidirectional(&mut client, &mut server).await?;

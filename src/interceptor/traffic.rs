@@ -53,9 +53,9 @@ impl std::fmt::Display for RouteSelector {
 }
 
 impl Traffic {
-    /// Resolves the selector where the routes are known now (in process):
-    /// a route no interceptor has is an error, not a silent zero. Remote
-    /// routes are checked at every read.
+    /// Checks the selector where the routes are known now (in process): a
+    /// route no interceptor has, or a host several routes serve, is an
+    /// error, not a silent zero. Remote routes are checked at every read.
     pub fn resolve(
         &self,
         protocol: Protocol,
@@ -64,19 +64,16 @@ impl Traffic {
         let Traffic::Local(routes) = self else {
             return Ok(route);
         };
-        let found = match &route {
-            RouteSelector::Name(name) => routes
-                .get(name)
-                .filter(|info| info.protocol == protocol)
-                .map(|_| name.as_str()),
-            RouteSelector::Host(host) => routes
-                .by_host(host)
-                .filter(|(_, info)| info.protocol == protocol)
-                .map(|(name, _)| name),
-        };
-        match found {
-            Some(name) => Ok(RouteSelector::Name(name.to_string())),
-            None => {
+        let candidates: Vec<&str> = routes
+            .iter()
+            .filter(|(name, info)| {
+                info.protocol == protocol && route.selects(name, info.host.as_deref())
+            })
+            .map(|(name, _)| name.as_str())
+            .collect();
+        match candidates.as_slice() {
+            [_] => Ok(route),
+            [] => {
                 let known = routes.names(protocol);
                 Err(format!(
                     "hoist's interceptor has no {protocol} {route} (its {protocol} routes: {})",
@@ -87,6 +84,10 @@ impl Traffic {
                     }
                 ))
             }
+            several => Err(format!(
+                "{route} is served by several routes ({}): select one with `route`",
+                several.join(", ")
+            )),
         }
     }
 
@@ -96,27 +97,25 @@ impl Traffic {
         route: &RouteSelector,
     ) -> Result<Load, ObserveError> {
         match self {
-            Traffic::Local(routes) => {
-                let RouteSelector::Name(name) = route else {
-                    return Err(ObserveError::Config(format!("{route} was not resolved")));
-                };
-                let info = routes
-                    .get(name)
-                    .ok_or_else(|| ObserveError::Config(format!("no {protocol} route `{name}`")))?;
-                Ok(info.counters.load(Instant::now()))
-            }
+            Traffic::Local(routes) => routes
+                .iter()
+                .find(|(name, info)| {
+                    info.protocol == protocol && route.selects(name, info.host.as_deref())
+                })
+                .map(|(_, info)| info.counters.load(Instant::now()))
+                .ok_or_else(|| ObserveError::Config(format!("no {protocol} {route}"))),
             Traffic::Remote(fleet) => fleet.load(protocol, route).await,
         }
     }
 
     /// Ticks when a cold start begins on the route.
     pub fn wakeups(&self, route: &RouteSelector) -> Option<watch::Receiver<u64>> {
-        match (self, route) {
-            (Traffic::Local(routes), RouteSelector::Name(name)) => {
-                routes.get(name).map(|info| info.counters.holds())
-            }
-            (Traffic::Local(_), RouteSelector::Host(_)) => None,
-            (Traffic::Remote(fleet), route) => Some(fleet.wakeups(&route.wake_key())),
+        match self {
+            Traffic::Local(routes) => routes
+                .iter()
+                .find(|(name, info)| route.selects(name, info.host.as_deref()))
+                .map(|(_, info)| info.counters.cold_starts()),
+            Traffic::Remote(fleet) => Some(fleet.wakeups(&route.wake_key())),
         }
     }
 }

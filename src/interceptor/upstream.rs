@@ -1,98 +1,273 @@
-//! Connecting to a route's upstream, holding on through a cold start: while
-//! the upstream refuses connections (scaled to zero, still starting), the
-//! caller waits and hoist retries, so the first request is delayed instead
-//! of failed.
+//! A route's upstream, and holding requests through its cold start.
+//!
+//! Each upstream has a gate: open while the upstream accepts connections,
+//! closed from the first failed connection until a probe connects again.
+//! A request (connection) that finds the gate closed is held: counted,
+//! capped, bounded by its own deadline, and released the moment the gate
+//! opens. One probe per upstream retries while anyone is held, so a cold
+//! start costs one connection attempt every 25 ms, however many wait.
 
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::{debug, info};
 
 use super::counters::RouteCounters;
 
-/// How often a held connection retries its upstream: short enough that a
-/// request leaves within tens of milliseconds of the upstream listening.
+/// How often the probe retries a closed upstream: a held request leaves
+/// within tens of milliseconds of the upstream listening.
 pub const RETRY_EVERY: Duration = Duration::from_millis(25);
 
-/// Why a connection to the upstream was not made. Messages name the route
-/// and upstream (configuration, not secrets) and are sent to clients.
+/// One connection attempt may take this long: an upstream that drops
+/// connection attempts (a gone pod's IP) is held for like one that refuses.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// An open gate is trusted this long after the upstream last answered;
+/// after that the next request checks with one connection attempt, so a
+/// request does not queue behind a pooled connection attempt to an app
+/// that has gone to zero.
+const TRUST_FOR: Duration = Duration::from_secs(10);
+
+/// The probe resolves the upstream's name at most this often: a cold
+/// start must not flood DNS while the app is starting.
+const RESOLVE_EVERY: Duration = Duration::from_millis(500);
+
+/// Why a request (connection) was not forwarded. The messages are sent to
+/// clients, so they name the route only; the details go to the log.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum UpstreamError {
     #[error(
-        "route `{route}`: upstream {upstream} did not accept a connection within the cold start timeout of {timeout:?} (last error: {last_error})"
+        "route `{route}`: the app did not accept a connection within {timeout:?} (cold start timeout)"
     )]
-    ColdStartTimeout {
-        route: String,
-        upstream: String,
-        timeout: Duration,
-        last_error: String,
-    },
+    ColdStartTimeout { route: String, timeout: Duration },
     #[error(
-        "route `{route}`: {limit} requests are already waiting for upstream {upstream} to start (interceptor.max_held_per_route)"
+        "route `{route}`: {limit} requests are already waiting for the app to start (interceptor.max_held_per_route)"
     )]
-    TooManyHeld {
-        route: String,
-        upstream: String,
-        limit: usize,
-    },
+    TooManyHeld { route: String, limit: usize },
 }
 
-/// One route's upstream and how long to wait for it.
-#[derive(Clone)]
 pub struct Upstream {
     pub route: String,
+    /// `host:port`.
     pub address: String,
     pub cold_start_timeout: Duration,
     pub max_held: usize,
     pub counters: Arc<RouteCounters>,
+    /// The gate: whether the upstream accepts connections, as last seen.
+    accepting: watch::Sender<bool>,
+    /// When the upstream last answered, in ms since `epoch` (0: never).
+    last_reached_ms: AtomicU64,
+    epoch: Instant,
+    probing: AtomicBool,
+    last_error: Mutex<String>,
 }
 
 impl Upstream {
-    /// Connects at once when the upstream listens; otherwise holds the
-    /// caller and retries until it does or the cold start timeout passes.
-    pub async fn connect(&self) -> Result<TcpStream, UpstreamError> {
-        let deadline = Instant::now() + self.cold_start_timeout;
-        let mut last_error = match self.attempt(deadline).await {
-            Ok(stream) => return Ok(stream),
-            Err(error) => error,
-        };
-        let Some(_held) = self.counters.try_hold(self.max_held as u64) else {
-            return Err(UpstreamError::TooManyHeld {
-                route: self.route.clone(),
-                upstream: self.address.clone(),
-                limit: self.max_held,
-            });
-        };
-        tracing::debug!(route = %self.route, upstream = %self.address, error = %last_error, "holding a request until the upstream accepts");
-        loop {
-            let next = Instant::now() + RETRY_EVERY;
-            if next >= deadline {
-                return Err(UpstreamError::ColdStartTimeout {
-                    route: self.route.clone(),
-                    upstream: self.address.clone(),
-                    timeout: self.cold_start_timeout,
-                    last_error,
-                });
+    pub fn new(
+        route: String,
+        address: String,
+        cold_start_timeout: Duration,
+        max_held: usize,
+        counters: Arc<RouteCounters>,
+    ) -> Self {
+        Self {
+            route,
+            address,
+            cold_start_timeout,
+            max_held,
+            counters,
+            // Until a connection fails, assume the upstream is up.
+            accepting: watch::Sender::new(true),
+            last_reached_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            probing: AtomicBool::new(false),
+            last_error: Mutex::new(String::new()),
+        }
+    }
+
+    /// The deadline of a request (connection) that starts now.
+    pub fn deadline(&self) -> Instant {
+        let now = Instant::now();
+        now.checked_add(self.cold_start_timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
+    }
+
+    /// Returns at once while the upstream is known to accept connections.
+    /// When that knowledge is old (nothing reached it for a while, e.g.
+    /// before a scale to zero), one connection attempt checks it first.
+    /// Otherwise holds the caller until it accepts, or fails at `deadline`
+    /// or past the cap. Dropping the future (a client that left) ends the
+    /// hold.
+    pub async fn admit(self: &Arc<Self>, deadline: Instant) -> Result<(), UpstreamError> {
+        if *self.accepting.borrow() {
+            if self.recently_reached() {
+                return Ok(());
             }
-            tokio::time::sleep_until(next).await;
             match self.attempt(deadline).await {
-                Ok(stream) => return Ok(stream),
-                Err(error) => last_error = error,
+                Ok(_) => {
+                    self.reached();
+                    return Ok(());
+                }
+                Err(error) => self.close_gate(error),
+            }
+        }
+        self.wait_open(deadline).await
+    }
+
+    /// Connects to the upstream, holding through a cold start until
+    /// `deadline`.
+    pub async fn connect(self: &Arc<Self>, deadline: Instant) -> Result<TcpStream, UpstreamError> {
+        loop {
+            self.wait_open(deadline).await?;
+            match self.attempt(deadline).await {
+                Ok(stream) => {
+                    self.reached();
+                    return Ok(stream);
+                }
+                Err(error) => self.close_gate(error),
             }
         }
     }
 
-    /// One connection attempt, bounded by the deadline: an upstream that
-    /// drops SYNs must not outlast the cold start timeout.
+    /// Notes that the upstream just answered (a connection, a response).
+    pub fn reached(&self) {
+        let millis = self
+            .epoch
+            .elapsed()
+            .as_millis()
+            .try_into()
+            .unwrap_or(u64::MAX);
+        self.last_reached_ms.store(millis.max(1), Ordering::Release);
+    }
+
+    fn recently_reached(&self) -> bool {
+        let last = self.last_reached_ms.load(Ordering::Acquire);
+        let now: u64 = self
+            .epoch
+            .elapsed()
+            .as_millis()
+            .try_into()
+            .unwrap_or(u64::MAX);
+        last != 0 && now.saturating_sub(last) < TRUST_FOR.as_millis() as u64
+    }
+
+    /// Returns at once while the gate is open; otherwise holds the caller
+    /// (counted, capped) until it opens or `deadline` passes.
+    async fn wait_open(self: &Arc<Self>, deadline: Instant) -> Result<(), UpstreamError> {
+        let mut accepting = self.accepting.subscribe();
+        if *accepting.borrow_and_update() {
+            return Ok(());
+        }
+        let Some(_held) = self.counters.try_hold(self.max_held as u64) else {
+            info!(route = %self.route, limit = self.max_held, "too many requests held; refusing one");
+            return Err(UpstreamError::TooManyHeld {
+                route: self.route.clone(),
+                limit: self.max_held,
+            });
+        };
+        self.ensure_probe();
+        match tokio::time::timeout_at(deadline, accepting.wait_for(|up| *up)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => {
+                let last_error = self.last_error();
+                info!(route = %self.route, upstream = %self.address, %last_error, "a held request reached the cold start timeout");
+                Err(UpstreamError::ColdStartTimeout {
+                    route: self.route.clone(),
+                    timeout: self.cold_start_timeout,
+                })
+            }
+        }
+    }
+
+    /// One connection attempt, bounded: an upstream that drops attempts
+    /// counts as closed after ATTEMPT_TIMEOUT, not after the deadline.
     async fn attempt(&self, deadline: Instant) -> Result<TcpStream, String> {
-        match tokio::time::timeout_at(deadline, TcpStream::connect(self.address.as_str())).await {
+        let until = deadline.min(Instant::now() + ATTEMPT_TIMEOUT);
+        match tokio::time::timeout_at(until, TcpStream::connect(self.address.as_str())).await {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
                 Ok(stream)
             }
             Ok(Err(error)) => Err(error.to_string()),
-            Err(_) => Err("connect timed out".to_string()),
+            Err(_) => Err("connection attempt timed out".to_string()),
+        }
+    }
+
+    fn last_error(&self) -> String {
+        self.last_error
+            .lock()
+            .map(|error| error.clone())
+            .unwrap_or_default()
+    }
+
+    fn close_gate(&self, error: String) {
+        self.last_reached_ms.store(0, Ordering::Release);
+        if let Ok(mut last) = self.last_error.lock() {
+            last.clone_from(&error);
+        }
+        if self.accepting.send_replace(false) {
+            debug!(route = %self.route, upstream = %self.address, %error, "upstream not accepting connections; holding requests");
+        }
+    }
+
+    fn ensure_probe(self: &Arc<Self>) {
+        if !self.probing.swap(true, Ordering::AcqRel) {
+            tokio::spawn(self.clone().probe());
+        }
+    }
+
+    /// Retries the upstream while anyone is held; opens the gate on the
+    /// first connection it makes.
+    async fn probe(self: Arc<Self>) {
+        let mut resolved: Option<(Instant, Vec<SocketAddr>)> = None;
+        loop {
+            if self.counters.held() == 0 {
+                self.probing.store(false, Ordering::Release);
+                // Someone may have started waiting since the check.
+                if self.counters.held() == 0 || self.probing.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+            let fresh = resolved
+                .as_ref()
+                .is_some_and(|(at, _)| at.elapsed() < RESOLVE_EVERY);
+            if !fresh {
+                match tokio::time::timeout(
+                    ATTEMPT_TIMEOUT,
+                    tokio::net::lookup_host(self.address.as_str()),
+                )
+                .await
+                {
+                    Ok(Ok(addresses)) => resolved = Some((Instant::now(), addresses.collect())),
+                    Ok(Err(error)) => self.close_gate(format!("cannot resolve: {error}")),
+                    Err(_) => self.close_gate("name lookup timed out".to_string()),
+                }
+            }
+            let addresses = resolved
+                .as_ref()
+                .map(|(_, addresses)| addresses.as_slice())
+                .unwrap_or_default();
+            if !addresses.is_empty() {
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, TcpStream::connect(addresses)).await {
+                    Ok(Ok(_)) => {
+                        debug!(route = %self.route, upstream = %self.address, "upstream accepts connections; releasing held requests");
+                        self.reached();
+                        // Stop probing first: a failure right after this must
+                        // be able to start the next probe.
+                        self.probing.store(false, Ordering::Release);
+                        self.accepting.send_replace(true);
+                        return;
+                    }
+                    Ok(Err(error)) => self.close_gate(error.to_string()),
+                    Err(_) => self.close_gate("connection attempt timed out".to_string()),
+                }
+            }
+            tokio::time::sleep(RETRY_EVERY).await;
         }
     }
 }

@@ -341,7 +341,10 @@ impl Hoist {
     /// `hoist interceptor` alone: proxies and admin, no gRPC (`grpc` is
     /// the admin address, unused).
     pub async fn start_interceptor(mut settings: Settings) -> Self {
-        settings.admin.listen = "127.0.0.1:0".parse().unwrap();
+        // Loopback on a free port, unless the test chose an address.
+        if settings.admin.listen == Settings::default().admin.listen {
+            settings.admin.listen = "127.0.0.1:0".parse().unwrap();
+        }
         Self::run(
             Server::bind_interceptor(settings)
                 .await
