@@ -13,7 +13,7 @@ command -v cargo-fuzz >/dev/null 2>&1 || cargo install --locked cargo-fuzz
 # New inputs go to a scratch corpus; the committed seeds are only read.
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-for target in metadata_redis metadata_kafka metadata_servicebus atom engine_rules; do
+for target in metadata_redis metadata_kafka metadata_servicebus metadata_traffic atom engine_rules; do
   echo "fuzzing $target for ${seconds}s"
   mkdir -p "$scratch/$target"
   RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir tests/fuzz --sanitizer none "$target" \
