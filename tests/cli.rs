@@ -220,14 +220,16 @@ async fn interceptor_runs_alone_and_probe_reads_it() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hoist"))
-        .args(["interceptor", "--config", file.to_str().unwrap()])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let _interceptor = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_hoist"))
+            .args(["interceptor", "--config", file.to_str().unwrap()])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let admin_addr = format!("127.0.0.1:{admin}").parse().unwrap();
     wait_until(Duration::from_secs(10), "the interceptor to listen", || {
         std::net::TcpStream::connect(admin_addr).is_ok()
@@ -258,6 +260,14 @@ async fn interceptor_runs_alone_and_probe_reads_it() {
         printed.contains("metricName=http-web targetSize=10"),
         "{printed}"
     );
-    child.kill().unwrap();
-    let _ = child.wait();
+}
+
+/// A child process that does not outlive a failing test.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
