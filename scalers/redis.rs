@@ -2,7 +2,10 @@
 //! list (or set, sorted set, hash), with the keys, defaults and validation
 //! of KEDA's built-in Redis scalers.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -191,7 +194,7 @@ fn parse(
             key: query_key(scaler, &config),
             description: describe(scaler, &config),
             endpoints: endpoints(&config),
-            source: std::sync::Arc::new(RedisSource::new(config)),
+            source: Arc::new(RedisSource::new(scaler, config)),
         },
     })
 }
@@ -199,8 +202,14 @@ fn parse(
 /// Everything that changes the answer or the connection, secrets
 /// fingerprinted.
 fn query_key(scaler: &str, c: &RedisConfig) -> String {
+    format!("{}|list={}", connection_key(scaler, c), c.list_name)
+}
+
+/// Everything that changes the connection: pollers with equal keys share
+/// one.
+fn connection_key(scaler: &str, c: &RedisConfig) -> String {
     format!(
-        "{scaler}|{}|db={}|user={}|sentinel={}/{}|tls={}/{}|ca={}|cert={}|secrets={:x}|list={}",
+        "{scaler}|{}|db={}|user={}|sentinel={}/{}|tls={}/{}|ca={}|cert={}|secrets={:x}",
         c.addresses.join(","),
         c.database_index,
         c.username,
@@ -211,7 +220,6 @@ fn query_key(scaler: &str, c: &RedisConfig) -> String {
         c.tls.ca,
         c.tls.cert,
         fingerprint(&[&c.password, &c.sentinel_password, &c.tls.key, &c.tls.key_password]),
-        c.list_name,
     )
 }
 
@@ -285,15 +293,18 @@ fn split_host_port(address: &str) -> Result<(String, u16), String> {
     Ok((host.to_string(), port))
 }
 
-/// The connection a poller keeps between polls.
+/// A connection to one Redis deployment. Both kinds multiplex: clones
+/// share one socket and concurrent commands pipeline on it, and a command
+/// whose caller gave up (the driver's timeout) leaves it usable.
+#[derive(Clone)]
 enum Connection {
     Single(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
 
 impl Connection {
-    async fn length(&mut self, script: &redis::Script, key: &str) -> redis::RedisResult<i64> {
-        let invocation = script.key(key);
+    async fn length(&mut self, key: &str) -> redis::RedisResult<i64> {
+        let invocation = LENGTH.key(key);
         match self {
             Connection::Single(c) => invocation.invoke_async(c).await,
             Connection::Cluster(c) => invocation.invoke_async(c).await,
@@ -301,36 +312,83 @@ impl Connection {
     }
 }
 
+/// Compiled (hashed) once for the process, not once per trigger.
+static LENGTH: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LENGTH_SCRIPT));
+
+/// The connection every poller of one Redis deployment (same addresses,
+/// database, credentials and TLS) shares: one socket per server however
+/// many lists are watched, instead of one per poller.
+struct Shared {
+    /// The current connection and its generation; dialled on first use and
+    /// again after a failure.
+    current: Mutex<Option<(u64, Connection)>>,
+    generation: AtomicU64,
+}
+
+static SHARED: LazyLock<std::sync::Mutex<SharedRegistry>> = LazyLock::new(Default::default);
+
+#[derive(Default)]
+struct SharedRegistry {
+    by_key: HashMap<String, Weak<Shared>>,
+    /// Dead entries are swept when the map reaches this size.
+    sweep_at: usize,
+}
+
+/// The shared connection for `key`; it closes when the last source using
+/// it is dropped.
+fn shared(key: String) -> Arc<Shared> {
+    let mut registry = SHARED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(existing) = registry.by_key.get(&key).and_then(Weak::upgrade) {
+        return existing;
+    }
+    if registry.by_key.len() >= registry.sweep_at {
+        registry.by_key.retain(|_, shared| shared.strong_count() > 0);
+        registry.sweep_at = (registry.by_key.len() * 2).max(64);
+    }
+    let shared = Arc::new(Shared {
+        current: Mutex::new(None),
+        generation: AtomicU64::new(0),
+    });
+    registry.by_key.insert(key, Arc::downgrade(&shared));
+    shared
+}
+
 pub struct RedisSource {
     config: RedisConfig,
-    script: redis::Script,
-    /// Taken out for each call and put back only after a complete answer,
-    /// so a call cut off by the driver's timeout leaves no half-used
-    /// connection behind: the next call dials again.
-    connection: Mutex<Option<Connection>>,
+    shared: Arc<Shared>,
 }
 
 impl RedisSource {
-    pub fn new(config: RedisConfig) -> Self {
-        Self {
-            config,
-            script: redis::Script::new(LENGTH_SCRIPT),
-            connection: Mutex::new(None),
-        }
+    pub fn new(scaler: &str, config: RedisConfig) -> Self {
+        let shared = shared(connection_key(scaler, &config));
+        Self { config, shared }
     }
 
     async fn measure(&self) -> Result<Measurement, ObserveError> {
-        let mut slot = self.connection.lock().await;
-        let mut connection = match slot.take() {
-            Some(connection) => connection,
-            None => self.connect().await?,
+        let (generation, mut connection) = {
+            let mut current = self.shared.current.lock().await;
+            match current.as_ref() {
+                Some(found) => found.clone(),
+                None => {
+                    let connection = self.connect().await?;
+                    let generation = self.shared.generation.fetch_add(1, Ordering::Relaxed);
+                    *current = Some((generation, connection.clone()));
+                    (generation, connection)
+                }
+            }
         };
-        let length = connection
-            .length(&self.script, &self.config.list_name)
-            .await
-            .map_err(classify)?;
-        *slot = Some(connection);
-        Ok(Measurement::of(length as f64))
+        match connection.length(&self.config.list_name).await {
+            Ok(length) => Ok(Measurement::of(length as f64)),
+            Err(error) => {
+                // The next poll of anyone sharing it dials again, unless
+                // someone already has.
+                let mut current = self.shared.current.lock().await;
+                if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+                    *current = None;
+                }
+                Err(classify(error))
+            }
+        }
     }
 
     async fn connect(&self) -> Result<Connection, ObserveError> {

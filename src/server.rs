@@ -8,7 +8,6 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -219,9 +218,13 @@ impl Server {
             .add_service(scaler);
         let grpc_signal = stop.clone().cancelled_owned();
         let grpc_task = match &settings.grpc.tls {
-            None => tokio::spawn(
-                grpc_router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), grpc_signal),
-            ),
+            None => {
+                // Small gRPC replies must not wait for the peer's delayed
+                // ACK (Nagle): up to 40 ms per call otherwise.
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+                tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_signal))
+            }
             Some(tls) => {
                 let acceptor = tls::acceptor(tls, stop.clone())?;
                 let incoming = TlsListener::new(grpc, acceptor, stop.clone()).into_stream();

@@ -189,6 +189,9 @@ impl TlsListener {
                         }
                     },
                 };
+                // Small gRPC replies must not wait for the peer's delayed
+                // ACK (Nagle): up to 40 ms per call otherwise.
+                let _ = stream.set_nodelay(true);
                 let (acceptor, sender) = (acceptor.clone(), sender.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))

@@ -716,3 +716,37 @@ async fn two_replicas_behind_one_service_answer_alike_in_passthrough_mode() {
     assert_eq!(metric(&first, &jobs).await.unwrap(), (8, 8.0));
     assert_eq!(metric(&second, &jobs).await.unwrap(), (8, 8.0));
 }
+
+#[tokio::test]
+async fn pollers_of_one_redis_share_one_connection() {
+    let redis = RedisServer::start();
+    let clients = |redis: &RedisServer| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("clients")
+            .query(&mut redis.connection())
+            .unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("connected_clients:"))
+            .and_then(|count| count.trim().parse().ok())
+            .unwrap()
+    };
+    let before = clients(&redis);
+    let hoist = Hoist::start().await;
+    let address = redis.address();
+    for list in 0..20 {
+        redis.command(&["RPUSH", &format!("jobs-{list}"), "a"]);
+        let name = format!("jobs-{list}");
+        let object = object(
+            &format!("worker-{list}"),
+            &[
+                ("scaler", "redis"),
+                ("address", &address),
+                ("listName", &name),
+            ],
+        );
+        assert_eq!(metric(&hoist, &object).await.unwrap(), (1, 1.0));
+    }
+    // 20 pollers, one socket (the counting call adds its own, as `before` did).
+    assert_eq!(clients(&redis), before + 1);
+    hoist.stop().await.unwrap();
+}

@@ -25,7 +25,7 @@ pub struct Schedule {
 /// source is never asked more often than a healthy one in the long run.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
-/// Polls a source's wake-ups cause are at least this far apart.
+/// Polls that a source's wake-ups cause are at least this far apart.
 const MIN_WAKE_GAP: Duration = Duration::from_millis(250);
 
 /// The registry's view of a running poller.
@@ -128,6 +128,9 @@ impl PollLoop {
     async fn run(mut self) {
         let description = self.query.description.clone();
         let mut wakeups = self.query.source.wakeups();
+        // Polls caused by wake-ups are spaced out among themselves only: a
+        // cold start right after a scheduled poll is measured at once.
+        let mut last_woken: Option<Instant> = None;
         debug!(source = %description, "poller started");
         let mut failures: u32 = 0;
         loop {
@@ -198,10 +201,13 @@ impl PollLoop {
                     // began): measure now, not at the next tick, but not
                     // more often than MIN_WAKE_GAP however often it says so.
                     () = woken(&mut wakeups) => {
+                        let earliest = last_woken.map(|at| at + MIN_WAKE_GAP);
                         tokio::select! {
                             _ = self.cancel.cancelled() => return,
-                            _ = tokio::time::sleep_until(started + MIN_WAKE_GAP) => break,
+                            _ = sleep_until_or_forever(earliest.or(Some(Instant::now()))) => {}
                         }
+                        last_woken = Some(Instant::now());
+                        break;
                     }
                     changed = self.schedule.changed() => {
                         if changed.is_err() {
