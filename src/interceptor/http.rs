@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -37,6 +38,10 @@ pub struct HttpRoute {
     pub path_prefix: Option<String>,
     pub counters: Arc<RouteCounters>,
     pub upstream_http2: bool,
+    /// The route's host as a URI authority: it keys the connection pool
+    /// (one per route, whatever `Host` spellings clients send) and is an
+    /// h2c upstream's `:authority`.
+    authority: Option<Authority>,
     upstream: Arc<Upstream>,
     client: Client<ColdStartConnector, Incoming>,
 }
@@ -65,9 +70,11 @@ impl HttpRoute {
         let client = builder.build(ColdStartConnector {
             upstream: upstream.clone(),
         });
+        let host = host.to_ascii_lowercase();
         Self {
             name,
-            host: host.to_ascii_lowercase(),
+            authority: Authority::try_from(host.as_str()).ok(),
+            host,
             path_prefix,
             counters,
             upstream_http2,
@@ -76,8 +83,9 @@ impl HttpRoute {
         }
     }
 
+    /// `host` as the client sent it: any case, no port.
     fn matches(&self, host: &str, path: &str) -> bool {
-        if self.host != host {
+        if !self.host.eq_ignore_ascii_case(host) {
             return false;
         }
         match &self.path_prefix {
@@ -144,9 +152,11 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
+        // Built once per connection, not once per request.
+        let client = Arc::new(Peer::new(peer));
         let service = hyper::service::service_fn(move |request| {
-            let router = router.clone();
-            async move { Ok::<_, Infallible>(proxy(&router, peer, request).await) }
+            let (router, client) = (router.clone(), client.clone());
+            async move { Ok::<_, Infallible>(proxy(&router, &client, request).await) }
         });
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -170,13 +180,29 @@ pub async fn serve(
     }
 }
 
+/// The client end of a connection, as forwarded headers name it.
+struct Peer {
+    address: String,
+    forwarded_for: Option<HeaderValue>,
+}
+
+impl Peer {
+    fn new(peer: SocketAddr) -> Self {
+        let address = peer.ip().to_string();
+        Self {
+            forwarded_for: HeaderValue::from_str(&address).ok(),
+            address,
+        }
+    }
+}
+
 async fn proxy(
     router: &HttpRouter,
-    peer: SocketAddr,
+    client: &Peer,
     mut request: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let host = request_host(&request);
-    let Some(route) = router.find(&host, request.uri().path()) else {
+    let Some(route) = router.find(host, request.uri().path()) else {
         return plain(
             StatusCode::NOT_FOUND,
             format!(
@@ -191,20 +217,21 @@ async fn proxy(
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
 
     let (mut parts, body) = request.into_parts();
-    let client_authority = authority_of(&parts);
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |path| path.as_str())
-        .to_string();
-    // The route's own host keys the connection pool: one pool per route,
-    // whatever `Host` spellings clients send.
-    parts.uri = match Uri::builder()
-        .scheme("http")
-        .authority(route.host.as_str())
-        .path_and_query(path)
-        .build()
+    if !parts.headers.contains_key(header::HOST)
+        && !route.upstream_http2
+        && let Some(authority) = parts.uri.authority()
+        && let Ok(value) = HeaderValue::from_str(authority.as_str())
     {
+        // An HTTP/2 client names the host in the URI only.
+        parts.headers.insert(header::HOST, value);
+    }
+    let mut uri = std::mem::take(&mut parts.uri).into_parts();
+    uri.scheme = Some(Scheme::HTTP);
+    uri.authority = route.authority.clone();
+    if uri.path_and_query.is_none() {
+        uri.path_and_query = Some(PathAndQuery::from_static("/"));
+    }
+    parts.uri = match Uri::from_parts(uri) {
         Ok(uri) => uri,
         Err(_) => {
             return plain(
@@ -220,16 +247,11 @@ async fn proxy(
         parts.headers.remove(header::HOST);
     } else {
         parts.version = Version::HTTP_11;
-        if !parts.headers.contains_key(header::HOST)
-            && let Ok(value) = HeaderValue::from_str(&client_authority)
-        {
-            parts.headers.insert(header::HOST, value);
-        }
         if client_version == Version::HTTP_2 {
             join_cookies(&mut parts.headers);
         }
     }
-    forwarded_headers(&mut parts.headers, peer);
+    forwarded_headers(&mut parts.headers, client);
 
     // Held here, each request on its own deadline and under the cap, while
     // the upstream is at zero; the connector's own wait covers the rest.
@@ -326,16 +348,16 @@ fn join_cookies(headers: &mut HeaderMap) {
     }
 }
 
-/// The host a request is for, lower case, without a port: the `Host`
-/// header (HTTP/1.1) or the URI's authority (HTTP/2).
-fn request_host<B>(request: &Request<B>) -> String {
+/// The host a request is for, as sent (any case), without a port: the
+/// `Host` header (HTTP/1.1) or the URI's authority (HTTP/2).
+fn request_host<B>(request: &Request<B>) -> &str {
     let raw = request
         .headers()
         .get(header::HOST)
         .and_then(|value| value.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()))
         .unwrap_or("");
-    strip_port(raw).to_ascii_lowercase()
+    strip_port(raw)
 }
 
 fn strip_port(authority: &str) -> &str {
@@ -346,16 +368,6 @@ fn strip_port(authority: &str) -> &str {
     authority
         .rsplit_once(':')
         .map_or(authority, |(host, _)| host)
-}
-
-fn authority_of(parts: &http::request::Parts) -> String {
-    parts
-        .headers
-        .get(header::HOST)
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| parts.uri.authority().map(|a| a.to_string()))
-        .unwrap_or_default()
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to, if any.
@@ -374,6 +386,10 @@ fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
 /// not forwarded, except what an upgrade needs and `TE: trailers` (gRPC).
 /// `Trailer` is end to end: HTTP/1.1 only sends the trailers it declares.
 fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
+    // Most messages carry none of them: one look each, nothing to remove.
+    if upgrade.is_none() && !HOP_BY_HOP.iter().any(|name| headers.contains_key(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -387,16 +403,7 @@ fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
     let trailers = headers
         .get(header::TE)
         .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    for name in [
-        header::CONNECTION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     if trailers {
@@ -408,16 +415,26 @@ fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
     }
 }
 
-fn forwarded_headers(headers: &mut HeaderMap, peer: SocketAddr) {
-    let client = peer.ip().to_string();
-    let forwarded_for = match headers
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+fn forwarded_headers(headers: &mut HeaderMap, client: &Peer) {
+    let earlier = headers
         .get("x-forwarded-for")
-        .and_then(|value| value.to_str().ok())
-    {
-        Some(earlier) => format!("{earlier}, {client}"),
-        None => client,
+        .and_then(|value| value.to_str().ok());
+    let forwarded_for = match earlier {
+        Some(earlier) => HeaderValue::from_str(&format!("{earlier}, {}", client.address)).ok(),
+        None => client.forwarded_for.clone(),
     };
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+    if let Some(value) = forwarded_for {
         headers.insert("x-forwarded-for", value);
     }
     // A proxy in front (TLS termination) knows the original scheme better.
