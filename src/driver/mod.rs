@@ -105,6 +105,8 @@ mod pattern_tests {
     }
 }
 
+type Triggers = HashMap<TriggerKey, Arc<Tracked>, foldhash::quality::RandomState>;
+
 /// Why a trigger is not tracked.
 #[derive(Debug, thiserror::Error)]
 pub enum TrackError {
@@ -245,7 +247,9 @@ struct Inner {
     profiles: AuthProfiles,
     metrics: Arc<Metrics>,
     /// Lock order: `triggers` before `pollers`.
-    triggers: RwLock<HashMap<TriggerKey, Arc<Tracked>>>,
+    /// Looked up on every RPC: a fast hasher (seeded per process, so keys
+    /// from ScaledObjects cannot be chosen to collide) instead of SipHash.
+    triggers: RwLock<Triggers>,
     pollers: Mutex<HashMap<String, Poller>>,
     /// Engine-mode ScaledObjects by (namespace, name). Locked after `pollers`.
     scalings: Mutex<HashMap<(String, String), Arc<Scaling>>>,
@@ -278,7 +282,7 @@ impl Driver {
                 settings,
                 profiles,
                 metrics,
-                triggers: RwLock::new(HashMap::new()),
+                triggers: RwLock::new(HashMap::default()),
                 pollers: Mutex::new(HashMap::new()),
                 scalings: Mutex::new(HashMap::new()),
                 restored: Mutex::new(Default::default()),
@@ -589,7 +593,7 @@ impl Driver {
 
     /// Stops tracking `key`: leaves its poller (stopped when nobody is left)
     /// and its engine (stopped likewise). The caller holds `triggers`.
-    fn forget(&self, triggers: &mut HashMap<TriggerKey, Arc<Tracked>>, key: &TriggerKey) {
+    fn forget(&self, triggers: &mut Triggers, key: &TriggerKey) {
         let Some(tracked) = triggers.remove(key) else {
             return;
         };
@@ -627,7 +631,7 @@ impl Driver {
         }
     }
 
-    fn read_triggers(&self) -> std::sync::RwLockReadGuard<'_, HashMap<TriggerKey, Arc<Tracked>>> {
+    fn read_triggers(&self) -> std::sync::RwLockReadGuard<'_, Triggers> {
         self.inner
             .triggers
             .read()
