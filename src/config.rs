@@ -207,7 +207,8 @@ impl InterceptorSettings {
         let mut hosts = std::collections::BTreeSet::new();
         for route in &self.http_routes {
             let key = |field: &str| format!("interceptor.http_routes[{}].{field}", route.name);
-            if route.host.is_empty() || route.host.contains(['/', ' ', ':']) {
+            let authority = http::uri::Authority::try_from(route.host.as_str());
+            if route.host.contains(['/', ' ', ':', '@']) || authority.is_err() {
                 return Err(invalid(
                     key("host"),
                     format!(
@@ -733,6 +734,10 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
             (route("cold_start_timeout = \"0s\""), "http_routes[web].cold_start_timeout"),
             (
                 "[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.test:80\"\nupstream = \"web:80\"\n".to_string(),
+                "http_routes[web].host",
+            ),
+            (
+                "[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web?.test\"\nupstream = \"web:80\"\n".to_string(),
                 "http_routes[web].host",
             ),
             (

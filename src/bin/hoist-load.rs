@@ -1681,7 +1681,7 @@ fn render_scale(out: &mut String, results: &[Value]) {
         out,
         "### 2. Scale: memory and CPU of `hoist serve`\n\nA fresh `hoist serve` per row; redis triggers with `pollingInterval: {interval:.0}` spread over the Redis servers. RSS is VmRSS after every object was read once and every poller ran; CPU is utime+stime over one polling interval ({interval:.0} s, every poller polls once), first with no calls, then with KEDA's call pattern (one IsActive per object per interval and one GetMetrics per object per 15 s). Goal: under 100 MiB at 10,000.\n"
     );
-    out.push_str("| ScaledObjects | pollers (= Redis connections) | RSS at start | RSS | per object | CPU, pollers only | CPU per poll | CPU with KEDA's calls | CPU per call | open fds | registration | under 100 MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    out.push_str("| ScaledObjects | pollers (= Redis lists) | RSS at start | RSS | per object | CPU, pollers only | CPU per poll | CPU with KEDA's calls | CPU per call | open fds | registration | under 100 MiB |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for r in &rows {
         let rss = num(r, "rss_mib").unwrap_or(f64::NAN);
         let errors = num(r, "register_errors").unwrap_or(0.0);

@@ -153,10 +153,10 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         // Built once per connection, not once per request.
-        let client = Arc::new(Peer::new(peer));
+        let client_end = Arc::new(Peer::new(peer));
         let service = hyper::service::service_fn(move |request| {
-            let (router, client) = (router.clone(), client.clone());
-            async move { Ok::<_, Infallible>(proxy(&router, &client, request).await) }
+            let (router, client_end) = (router.clone(), client_end.clone());
+            async move { Ok::<_, Infallible>(proxy(&router, &client_end, request).await) }
         });
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -198,7 +198,7 @@ impl Peer {
 
 async fn proxy(
     router: &HttpRouter,
-    client: &Peer,
+    peer: &Peer,
     mut request: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let host = request_host(&request);
@@ -251,7 +251,7 @@ async fn proxy(
             join_cookies(&mut parts.headers);
         }
     }
-    forwarded_headers(&mut parts.headers, client);
+    forwarded_headers(&mut parts.headers, peer);
 
     // Held here, each request on its own deadline and under the cap, while
     // the upstream is at zero; the connector's own wait covers the rest.
@@ -426,13 +426,13 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-fn forwarded_headers(headers: &mut HeaderMap, client: &Peer) {
+fn forwarded_headers(headers: &mut HeaderMap, peer: &Peer) {
     let earlier = headers
         .get("x-forwarded-for")
         .and_then(|value| value.to_str().ok());
     let forwarded_for = match earlier {
-        Some(earlier) => HeaderValue::from_str(&format!("{earlier}, {}", client.address)).ok(),
-        None => client.forwarded_for.clone(),
+        Some(earlier) => HeaderValue::from_str(&format!("{earlier}, {}", peer.address)).ok(),
+        None => peer.forwarded_for.clone(),
     };
     if let Some(value) = forwarded_for {
         headers.insert("x-forwarded-for", value);
