@@ -9,6 +9,7 @@ pub mod driver;
 pub mod engine;
 pub mod grpc;
 pub mod interceptor;
+pub mod listen;
 pub mod logging;
 pub mod metadata;
 pub mod metrics;

@@ -181,17 +181,8 @@ impl TlsListener {
             loop {
                 let (stream, peer) = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    accepted = listener.accept() => match accepted {
-                        Ok(accepted) => accepted,
-                        Err(error) => {
-                            debug!(%error, "accept failed");
-                            continue;
-                        }
-                    },
+                    accepted = crate::listen::accept(&listener, "TLS") => accepted,
                 };
-                // Small gRPC replies must not wait for the peer's delayed
-                // ACK (Nagle): up to 40 ms per call otherwise.
-                let _ = stream.set_nodelay(true);
                 let (acceptor, sender) = (acceptor.clone(), sender.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))

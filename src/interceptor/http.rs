@@ -140,17 +140,8 @@ pub async fn serve(
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: pause, don't spin.
-                    warn!(%error, "interceptor cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = crate::listen::accept(&listener, "interceptor HTTP") => accepted,
         };
-        let _ = stream.set_nodelay(true);
         let router = router.clone();
         // Built once per connection, not once per request.
         let client_end = Arc::new(Peer::new(peer));

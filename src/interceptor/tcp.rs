@@ -31,14 +31,7 @@ pub async fn serve(
             _ = shutdown.cancelled() => break,
             // Reap finished connections so the set does not grow.
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    warn!(route = %upstream.route, %error, "interceptor cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = crate::listen::accept(&listener, &upstream.route) => accepted,
         };
         let upstream = upstream.clone();
         connections.spawn(async move {
@@ -60,7 +53,6 @@ pub async fn serve(
 }
 
 async fn forward(mut client: TcpStream, upstream: &Arc<Upstream>) -> std::io::Result<()> {
-    let _ = client.set_nodelay(true);
     // While held, keep reading what the client sends (many protocols
     // speak first), so that a client who gives up is noticed and its
     // place released, instead of being connected to the app later.
