@@ -183,6 +183,7 @@ fn parse(
         _ => Mode::Standalone,
     };
     let config = parse_config(mode, params)?;
+    let connection = connection_key(scaler, &config);
     Ok(Trigger {
         scaler,
         metric_name: metric_name(&format!("redis-{}", config.list_name)),
@@ -191,22 +192,19 @@ fn parse(
         polling_interval: None,
         activation_target: config.activation_list_length as f64,
         query: Query {
-            key: query_key(scaler, &config),
+            key: format!("{connection}|list={}", config.list_name),
             description: describe(scaler, &config),
             endpoints: endpoints(&config),
-            source: Arc::new(RedisSource::new(scaler, config)),
+            source: Arc::new(RedisSource {
+                shared: shared(connection),
+                config,
+            }),
         },
     })
 }
 
-/// Everything that changes the answer or the connection, secrets
-/// fingerprinted.
-fn query_key(scaler: &str, c: &RedisConfig) -> String {
-    format!("{}|list={}", connection_key(scaler, c), c.list_name)
-}
-
-/// Everything that changes the connection: pollers with equal keys share
-/// one.
+/// Everything that changes the connection, secrets fingerprinted:
+/// pollers with equal keys share one. With the list it keys the query.
 fn connection_key(scaler: &str, c: &RedisConfig) -> String {
     format!(
         "{scaler}|{}|db={}|user={}|sentinel={}/{}|tls={}/{}|ca={}|cert={}|secrets={:x}",
@@ -359,11 +357,6 @@ pub struct RedisSource {
 }
 
 impl RedisSource {
-    pub fn new(scaler: &str, config: RedisConfig) -> Self {
-        let shared = shared(connection_key(scaler, &config));
-        Self { config, shared }
-    }
-
     async fn measure(&self) -> Result<Measurement, ObserveError> {
         let (generation, mut connection) = {
             let mut current = self.shared.current.lock().await;

@@ -115,8 +115,8 @@ fn parse(scaler: &'static str, params: &Params, context: &Context) -> Result<Tri
         RouteSelector::Name(_) => "route",
         RouteSelector::Host(_) => "host",
     };
-    let route = traffic
-        .resolve(protocol, route)
+    traffic
+        .check(protocol, &route)
         .map_err(|reason| MetadataError::invalid(selector_key, reason))?;
     let label = match &route {
         RouteSelector::Name(name) | RouteSelector::Host(name) => name.clone(),

@@ -43,6 +43,17 @@ impl RouteSelector {
     }
 }
 
+/// The local routes a selector picks.
+fn selected<'a>(
+    routes: &'a Routes,
+    protocol: Protocol,
+    route: &'a RouteSelector,
+) -> impl Iterator<Item = (&'a String, &'a super::RouteInfo)> {
+    routes.iter().filter(move |(name, info)| {
+        info.protocol == protocol && route.selects(name, info.host.as_deref())
+    })
+}
+
 impl std::fmt::Display for RouteSelector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -56,23 +67,15 @@ impl Traffic {
     /// Checks the selector where the routes are known now (in process): a
     /// route no interceptor has, or a host several routes serve, is an
     /// error, not a silent zero. Remote routes are checked at every read.
-    pub fn resolve(
-        &self,
-        protocol: Protocol,
-        route: RouteSelector,
-    ) -> Result<RouteSelector, String> {
+    pub fn check(&self, protocol: Protocol, route: &RouteSelector) -> Result<(), String> {
         let Traffic::Local(routes) = self else {
-            return Ok(route);
+            return Ok(());
         };
-        let candidates: Vec<&str> = routes
-            .iter()
-            .filter(|(name, info)| {
-                info.protocol == protocol && route.selects(name, info.host.as_deref())
-            })
+        let candidates: Vec<&str> = selected(routes, protocol, route)
             .map(|(name, _)| name.as_str())
             .collect();
         match candidates.as_slice() {
-            [_] => Ok(route),
+            [_] => Ok(()),
             [] => {
                 let known = routes.names(protocol);
                 Err(format!(
@@ -97,11 +100,8 @@ impl Traffic {
         route: &RouteSelector,
     ) -> Result<Load, ObserveError> {
         match self {
-            Traffic::Local(routes) => routes
-                .iter()
-                .find(|(name, info)| {
-                    info.protocol == protocol && route.selects(name, info.host.as_deref())
-                })
+            Traffic::Local(routes) => selected(routes, protocol, route)
+                .next()
                 .map(|(_, info)| info.counters.load(Instant::now()))
                 .ok_or_else(|| ObserveError::Config(format!("no {protocol} {route}"))),
             Traffic::Remote(fleet) => fleet.load(protocol, route).await,
