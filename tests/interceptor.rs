@@ -26,7 +26,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use support::{Hoist, object};
+use support::{Hoist, eventually, object};
+
+/// How long a test waits for what should happen within milliseconds.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -186,20 +189,6 @@ async fn free_addr() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    for _ in 0..400 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting: {what}");
-}
-
 #[tokio::test]
 async fn http1_requests_keep_their_host_and_gain_forwarded_headers() {
     let upstream = Upstream::start(echo).await;
@@ -320,7 +309,7 @@ async fn bodies_stream_and_count_in_flight_until_they_end() {
     release_tx.send(()).await.unwrap();
     let rest = body.collect().await.unwrap().to_bytes();
     assert_eq!(&rest[..], b"second");
-    eventually("the request to end", || async {
+    eventually(PATIENCE, "the request to end", || async {
         routes(hoist.admin).await.routes["web"].load.in_flight == 0
     })
     .await;
@@ -381,7 +370,7 @@ async fn upgrades_pass_through_both_ways() {
     stream.read_exact(&mut reply).await.unwrap();
     assert_eq!(&reply, b"echo:ping");
     drop(stream);
-    eventually("the tunnel to close", || async {
+    eventually(PATIENCE, "the tunnel to close", || async {
         routes(hoist.admin).await.routes["ws"].load.in_flight == 0
     })
     .await;
@@ -428,7 +417,7 @@ async fn tcp_bytes_flow_both_ways_and_half_close_passes_through() {
 
     let mut client = TcpStream::connect(proxy).await.unwrap();
     client.write_all(&[1u8; 100_000]).await.unwrap();
-    eventually("the connection to be counted", || async {
+    eventually(PATIENCE, "the connection to be counted", || async {
         routes(hoist.admin).await.routes["db"].load.in_flight == 1
     })
     .await;
@@ -436,7 +425,7 @@ async fn tcp_bytes_flow_both_ways_and_half_close_passes_through() {
     let mut reply = String::new();
     client.read_to_string(&mut reply).await.unwrap();
     assert_eq!(reply, "got 100000 bytes");
-    eventually("the connection to end", || async {
+    eventually(PATIENCE, "the connection to end", || async {
         routes(hoist.admin).await.routes["db"].load.in_flight == 0
     })
     .await;
@@ -505,7 +494,7 @@ async fn held_requests_time_out_with_504_and_past_the_cap_get_503() {
     let proxy = hoist.http_proxy.unwrap();
 
     let first = tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/").await });
-    eventually("the first request to be held", || async {
+    eventually(PATIENCE, "the first request to be held", || async {
         routes(hoist.admin).await.routes["web"].load.held == 1
     })
     .await;
@@ -520,7 +509,7 @@ async fn held_requests_time_out_with_504_and_past_the_cap_get_503() {
     // A TCP connection is held too; at its timeout it closes (raw TCP has
     // no way to say why).
     let mut client = TcpStream::connect(hoist.tcp_proxies["db"]).await.unwrap();
-    eventually("the connection to be held", || async {
+    eventually(PATIENCE, "the connection to be held", || async {
         routes(hoist.admin).await.routes["db"].load.held == 1
     })
     .await;
@@ -539,7 +528,6 @@ async fn trigger_metadata_is_checked_against_the_routes() {
         vec![tcp_route("db", upstream)],
     ))
     .await;
-    let mut client = hoist.client().await;
     let cases: &[(&[(&str, &str)], &str)] = &[
         (
             &[("scaler", "http"), ("route", "nope")],
@@ -573,10 +561,7 @@ async fn trigger_metadata_is_checked_against_the_routes() {
         ),
     ];
     for (metadata, expected) in cases {
-        let status = client
-            .get_metric_spec(object("app", metadata))
-            .await
-            .expect_err("bad metadata is refused");
+        let status = hoist.spec_refused(&object("app", metadata)).await;
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{metadata:?}");
         assert!(
             status.message().contains(expected),
@@ -595,11 +580,8 @@ async fn trigger_metadata_is_checked_against_the_routes() {
     // Without an interceptor, the error says how to get one.
     let bare = Hoist::start().await;
     let status = bare
-        .client()
-        .await
-        .get_metric_spec(object("app", &[("scaler", "http"), ("route", "web")]))
-        .await
-        .unwrap_err();
+        .spec_refused(&object("app", &[("scaler", "http"), ("route", "web")]))
+        .await;
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(
         status.message().contains("interceptor.endpoints"),
@@ -778,7 +760,7 @@ async fn an_h2c_upstream_holds_each_request_on_its_own_and_caps_them() {
             send(&h2c_client(), proxy, "grpc.test", "/held").await
         }));
     }
-    eventually("two requests to be held", || async {
+    eventually(PATIENCE, "two requests to be held", || async {
         routes(hoist.admin).await.routes["grpc-app"].load.held == 2
     })
     .await;
@@ -828,7 +810,7 @@ async fn an_upstream_that_never_answers_is_held_for_too() {
     let proxy = hoist.http_proxy.unwrap();
     let request = tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/").await });
     // After one bounded attempt the request is held and KEDA hears of it.
-    eventually("the request to be held", || async {
+    eventually(PATIENCE, "the request to be held", || async {
         routes(hoist.admin).await.routes["web"].load.held == 1
     })
     .await;
@@ -884,14 +866,14 @@ async fn clients_that_leave_while_held_release_their_place() {
     let proxy = hoist.http_proxy.unwrap();
     let request = tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/").await });
     let tcp_client = TcpStream::connect(hoist.tcp_proxies["db"]).await.unwrap();
-    eventually("both to be held", || async {
+    eventually(PATIENCE, "both to be held", || async {
         let report = routes(hoist.admin).await;
         report.routes["web"].load.held == 1 && report.routes["db"].load.held == 1
     })
     .await;
     request.abort();
     drop(tcp_client);
-    eventually("both places to be released", || async {
+    eventually(PATIENCE, "both places to be released", || async {
         let report = routes(hoist.admin).await;
         let (web, db) = (&report.routes["web"].load, &report.routes["db"].load);
         web.held + web.in_flight + db.held + db.in_flight == 0
@@ -952,11 +934,8 @@ async fn routes_split_by_path_prefix_and_merge_http2_cookies_for_http1() {
 
     // A host two routes serve cannot be measured by host: say which.
     let status = hoist
-        .client()
-        .await
-        .get_metric_spec(object("app", &[("scaler", "http"), ("host", "shop.test")]))
-        .await
-        .unwrap_err();
+        .spec_refused(&object("app", &[("scaler", "http"), ("host", "shop.test")]))
+        .await;
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(
         status.message().contains("several routes (api, site)"),
@@ -995,9 +974,11 @@ async fn concurrency_counts_requests_in_flight() {
             ("pollingInterval", "1"),
         ],
     );
-    eventually("three requests in flight, in the metric", || async {
-        hoist.metric(&scaled).await.unwrap().1 == 3.0
-    })
+    eventually(
+        PATIENCE,
+        "three requests in flight, in the metric",
+        || async { hoist.metric(&scaled).await.unwrap().1 == 3.0 },
+    )
     .await;
     release_tx.send(true).unwrap();
     for request in open {

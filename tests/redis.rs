@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use hoist::config::{AuthValue, Settings};
 use hoist::proto::{GetMetricsRequest, ScaledObjectRef};
-use support::{Hoist, RedisCluster, RedisSentinel, RedisServer, object};
+use support::{Hoist, RedisCluster, RedisSentinel, RedisServer, eventually, object};
+
+/// How long a test waits for a poller to notice Redis going or coming back.
+const PATIENCE: Duration = Duration::from_secs(15);
 use tokio_stream::StreamExt;
 use tonic::Code;
 
@@ -17,21 +20,6 @@ async fn metric(hoist: &Hoist, object: &ScaledObjectRef) -> Result<(i64, f64), t
 
 async fn active(hoist: &Hoist, object: &ScaledObjectRef) -> Result<bool, tonic::Status> {
     hoist.active(object).await
-}
-
-/// Retries `check` every 100 ms for up to 15 s of real time.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..150 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 #[tokio::test]
@@ -288,7 +276,7 @@ async fn redis_stopping_mid_run_is_unavailable_without_a_hang_and_recovers() {
     assert_eq!(metric(&hoist, &jobs).await.unwrap(), (3, 3.0));
 
     redis.stop();
-    eventually("GetMetrics to fail", || async {
+    eventually(PATIENCE, "GetMetrics to fail", || async {
         metric(&hoist, &jobs).await.is_err()
     })
     .await;
@@ -339,7 +327,7 @@ async fn redis_stopping_mid_run_is_unavailable_without_a_hang_and_recovers() {
 
     redis.restart();
     redis.command(&["RPUSH", "jobs", "x", "y"]);
-    eventually("GetMetrics to recover", || async {
+    eventually(PATIENCE, "GetMetrics to recover", || async {
         metric(&hoist, &jobs).await.ok() == Some((2, 2.0))
     })
     .await;

@@ -48,6 +48,20 @@ pub fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) 
     }
 }
 
+/// The async twin of [`wait_until`]: awaits `check` every 25 ms until it
+/// returns true or `limit` of real time passes.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// A `redis-server` process that lives as long as this value.
 pub struct RedisServer {
     pub port: u16,
@@ -428,6 +442,15 @@ impl Hoist {
             .into_inner();
         assert_eq!(response.metric_specs.len(), 1, "one spec per trigger");
         response.metric_specs.remove(0)
+    }
+
+    /// `GetMetricSpec` for `object`, which must be refused: the status.
+    pub async fn spec_refused(&self, object: &ScaledObjectRef) -> tonic::Status {
+        self.client()
+            .await
+            .get_metric_spec(object.clone())
+            .await
+            .expect_err("the trigger is refused")
     }
 
     /// `IsActive` for `object`.
