@@ -61,10 +61,6 @@ impl Fleet {
         })
     }
 
-    pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
-    }
-
     /// The route's load summed over every replica that answered. Fails
     /// when none answered, or none knows the route.
     pub async fn load(
