@@ -272,7 +272,7 @@ impl Fleet {
                 MAX_WAIT.as_secs()
             );
             if let Some(seen) = &seen {
-                let generation: u64 = seen.routes.values().map(|route| route.cold_starts).sum();
+                let generation = seen.generation();
                 url.push_str(&format!(
                     "&instance={}&generation={generation}",
                     seen.instance

@@ -48,7 +48,8 @@ pub struct RouteHolds {
 }
 
 impl HoldsReport {
-    fn generation(&self) -> u64 {
+    /// Cold starts on every route: what a long poll compares.
+    pub fn generation(&self) -> u64 {
         self.routes.values().map(|route| route.cold_starts).sum()
     }
 }
