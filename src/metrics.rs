@@ -100,16 +100,53 @@ impl Metrics {
         );
     }
 
-    pub fn record_rpc(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
-        self.rpc_requests
-            .get_or_create(&RpcLabels {
-                method,
-                code: format!("{code:?}"),
-            })
-            .inc();
-        self.rpc_latency
-            .get_or_create(&MethodLabels { method })
-            .observe(elapsed.as_secs_f64());
+    /// One method's request metrics, resolved once, so that recording a
+    /// successful call takes no lock on a family and no label formatting.
+    pub fn rpc(&self, method: &'static str) -> RpcMetrics {
+        RpcMetrics {
+            method,
+            ok: self
+                .rpc_requests
+                .get_or_create(&RpcLabels {
+                    method,
+                    code: format!("{:?}", tonic::Code::Ok),
+                })
+                .clone(),
+            latency: self
+                .rpc_latency
+                .get_or_create(&MethodLabels { method })
+                .clone(),
+            requests: self.rpc_requests.clone(),
+        }
+    }
+}
+
+/// The metrics of one ExternalScaler method (see [`Metrics::rpc`]).
+#[derive(Clone, Debug)]
+pub struct RpcMetrics {
+    method: &'static str,
+    ok: Counter,
+    latency: Histogram,
+    requests: Family<RpcLabels, Counter>,
+}
+
+impl RpcMetrics {
+    pub fn method(&self) -> &'static str {
+        self.method
+    }
+
+    pub fn record(&self, code: tonic::Code, elapsed: Duration) {
+        if code == tonic::Code::Ok {
+            self.ok.inc();
+        } else {
+            self.requests
+                .get_or_create(&RpcLabels {
+                    method: self.method,
+                    code: format!("{code:?}"),
+                })
+                .inc();
+        }
+        self.latency.observe(elapsed.as_secs_f64());
     }
 }
 

@@ -84,6 +84,38 @@ fn key(name: &str) -> TriggerKey {
     TriggerKey::new("default".into(), name.into(), HashMap::new())
 }
 
+#[test]
+fn trigger_keys_are_equal_exactly_when_their_parts_are() {
+    let metadata = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let key = |namespace: &str, name: &str, pairs: &[(&str, &str)]| {
+        TriggerKey::new(namespace.into(), name.into(), metadata(pairs))
+    };
+    let pairs = [("listName", "jobs"), ("address", "redis:6379")];
+    let reversed = [("address", "redis:6379"), ("listName", "jobs")];
+    assert_eq!(key("ns", "app", &pairs), key("ns", "app", &reversed));
+    let hash = |key: &TriggerKey| {
+        use std::hash::BuildHasher;
+        foldhash::quality::FixedState::default().hash_one(key)
+    };
+    assert_eq!(
+        hash(&key("ns", "app", &pairs)),
+        hash(&key("ns", "app", &reversed))
+    );
+    // The same bytes split differently are different keys.
+    assert_ne!(key("nsa", "pp", &pairs), key("ns", "app", &pairs));
+    assert_ne!(
+        key("ns", "app", &[("ab", "c")]),
+        key("ns", "app", &[("a", "bc")])
+    );
+    assert_ne!(key("ns", "app", &[("a", "")]), key("ns", "app", &[]));
+    assert_ne!(key("ns", "app", &pairs), key("ns", "app2", &pairs));
+}
+
 /// Lets spawned tasks run, moving the paused clock by `by`.
 async fn advance(by: Duration) {
     tokio::time::sleep(by).await;
@@ -387,6 +419,6 @@ async fn engine_mode_decides_per_scaled_object_on_every_poll() {
 impl TriggerKey {
     fn with_metadata(mut self, marker: &str) -> Self {
         self.metadata.push(("marker".into(), marker.into()));
-        self
+        Self::from_parts(self.namespace, self.name, self.metadata)
     }
 }

@@ -16,7 +16,7 @@ pub use status::RpcError;
 
 use crate::driver::{Driver, Reading, Tracked, TriggerKey};
 use crate::engine::Decision;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RpcMetrics};
 use crate::proto::external_scaler_server::ExternalScaler;
 use crate::proto::{
     GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec,
@@ -25,12 +25,21 @@ use crate::proto::{
 
 pub struct ScalerService {
     driver: Driver,
-    metrics: Arc<Metrics>,
+    is_active: RpcMetrics,
+    stream_is_active: RpcMetrics,
+    get_metric_spec: RpcMetrics,
+    get_metrics: RpcMetrics,
 }
 
 impl ScalerService {
     pub fn new(driver: Driver, metrics: Arc<Metrics>) -> Self {
-        Self { driver, metrics }
+        Self {
+            driver,
+            is_active: metrics.rpc("IsActive"),
+            stream_is_active: metrics.rpc("StreamIsActive"),
+            get_metric_spec: metrics.rpc("GetMetricSpec"),
+            get_metrics: metrics.rpc("GetMetrics"),
+        }
     }
 
     fn track(&self, object: ScaledObjectRef) -> Result<Arc<Tracked>, RpcError> {
@@ -74,8 +83,7 @@ impl ScalerService {
     }
 
     fn finish<T>(
-        &self,
-        method: &'static str,
+        metrics: &RpcMetrics,
         started: Instant,
         result: Result<T, RpcError>,
     ) -> Result<Response<T>, Status> {
@@ -83,11 +91,11 @@ impl ScalerService {
             Ok(_) => Code::Ok,
             Err(error) => error.code(),
         };
-        self.metrics.record_rpc(method, code, started.elapsed());
+        metrics.record(code, started.elapsed());
         match result {
             Ok(answer) => Ok(Response::new(answer)),
             Err(error) => {
-                debug!(method, %error, "request failed");
+                debug!(method = metrics.method(), %error, "request failed");
                 Err(error.into())
             }
         }
@@ -109,7 +117,7 @@ impl ExternalScaler for ScalerService {
             Ok(IsActiveResponse { result: active })
         }
         .await;
-        self.finish("IsActive", started, result)
+        Self::finish(&self.is_active, started, result)
     }
 
     type StreamIsActiveStream = ActivityStream;
@@ -124,7 +132,7 @@ impl ExternalScaler for ScalerService {
             tokio::spawn(push_activation_edges(tracked, self.driver.clone(), sender));
             Box::pin(ReceiverStream::new(receiver)) as ActivityStream
         });
-        self.finish("StreamIsActive", started, result)
+        Self::finish(&self.stream_is_active, started, result)
     }
 
     async fn get_metric_spec(
@@ -142,7 +150,7 @@ impl ExternalScaler for ScalerService {
                 }],
             }
         });
-        self.finish("GetMetricSpec", started, result)
+        Self::finish(&self.get_metric_spec, started, result)
     }
 
     async fn get_metrics(
@@ -170,7 +178,7 @@ impl ExternalScaler for ScalerService {
             })
         }
         .await;
-        self.finish("GetMetrics", started, result)
+        Self::finish(&self.get_metrics, started, result)
     }
 }
 

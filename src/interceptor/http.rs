@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::counters::{InFlight, RouteCounters};
+use super::http1_pool::{Http1Pool, SendError};
 use super::upstream::{Upstream, UpstreamError};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -43,11 +44,16 @@ pub struct HttpRoute {
     /// h2c upstream's `:authority`.
     authority: Option<Authority>,
     upstream: Arc<Upstream>,
+    /// HTTP/1.1 upstreams: plain requests.
+    pool: Arc<Http1Pool>,
+    /// Upgrades, and every request to an h2c upstream.
     client: Client<ColdStartConnector, Incoming>,
 }
 
 /// Idle upstream connections kept per route, at most.
 const MAX_IDLE_PER_ROUTE: usize = 1024;
+/// How long an idle upstream connection is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 impl HttpRoute {
     pub fn new(
@@ -62,7 +68,7 @@ impl HttpRoute {
         // Without a timer the idle timeout is never enforced.
         builder
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_max_idle_per_host(MAX_IDLE_PER_ROUTE);
         if upstream_http2 {
             builder.http2_only(true);
@@ -78,6 +84,11 @@ impl HttpRoute {
             path_prefix,
             counters,
             upstream_http2,
+            pool: Arc::new(Http1Pool::new(
+                upstream.clone(),
+                MAX_IDLE_PER_ROUTE,
+                IDLE_TIMEOUT,
+            )),
             upstream,
             client,
         }
@@ -246,12 +257,26 @@ async fn proxy(
 
     // Held here, each request on its own deadline and under the cap, while
     // the upstream is at zero; the connector's own wait covers the rest.
-    if let Err(error) = route.upstream.admit(route.upstream.deadline()).await {
+    let deadline = route.upstream.deadline();
+    if let Err(error) = route.upstream.admit(deadline).await {
         return refused(&error);
     }
-    let mut response = match route.client.request(Request::from_parts(parts, body)).await {
+    let request = Request::from_parts(parts, body);
+    if !route.upstream_http2 && client_upgrade.is_none() {
+        return match route.pool.send(request, deadline).await {
+            Ok(mut response) => {
+                route.upstream.reached();
+                *response.version_mut() = client_version;
+                remove_hop_by_hop(response.headers_mut(), None);
+                response.map(|body| counted(body, in_flight))
+            }
+            Err(SendError::Upstream(error)) => refused(&error),
+            Err(SendError::Http(error)) => upstream_failure(&route.name, &error),
+        };
+    }
+    let mut response = match route.client.request(request).await {
         Ok(response) => response,
-        Err(error) => return upstream_failure(&route.name, &error),
+        Err(error) => return client_failure(&route.name, &error),
     };
     route.upstream.reached();
     *response.version_mut() = client_version;
@@ -270,13 +295,18 @@ async fn proxy(
     }
 
     remove_hop_by_hop(response.headers_mut(), None);
-    response.map(|body| {
-        Counted {
-            body,
-            _in_flight: in_flight,
-        }
-        .boxed()
-    })
+    response.map(|body| counted(body, in_flight))
+}
+
+fn counted<B>(body: B, in_flight: InFlight) -> ProxyBody
+where
+    B: Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static,
+{
+    Counted {
+        body,
+        _in_flight: in_flight,
+    }
+    .boxed()
 }
 
 /// Copies bytes both ways between an upgraded client and upstream
@@ -298,7 +328,7 @@ async fn tunnel(
     }
 }
 
-fn upstream_failure(route: &str, error: &hyper_util::client::legacy::Error) -> Response<ProxyBody> {
+fn client_failure(route: &str, error: &hyper_util::client::legacy::Error) -> Response<ProxyBody> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(current) = source {
         if let Some(upstream) = current.downcast_ref::<UpstreamError>() {
@@ -306,6 +336,10 @@ fn upstream_failure(route: &str, error: &hyper_util::client::legacy::Error) -> R
         }
         source = current.source();
     }
+    upstream_failure(route, error)
+}
+
+fn upstream_failure(route: &str, error: &(dyn std::error::Error + 'static)) -> Response<ProxyBody> {
     let cause = std::iter::successors(std::error::Error::source(error), |e| e.source())
         .last()
         .map_or_else(|| error.to_string(), ToString::to_string);
@@ -455,12 +489,15 @@ fn empty() -> ProxyBody {
 }
 
 /// A response body that keeps its request in flight until it is done.
-struct Counted {
-    body: Incoming,
+struct Counted<B> {
+    body: B,
     _in_flight: InFlight,
 }
 
-impl Body for Counted {
+impl<B> Body for Counted<B>
+where
+    B: Body<Data = Bytes, Error = hyper::Error> + Unpin,
+{
     type Data = Bytes;
     type Error = BoxError;
 

@@ -9,6 +9,7 @@
 pub mod counters;
 pub mod fleet;
 mod http;
+mod http1_pool;
 pub mod report;
 mod tcp;
 pub mod traffic;

@@ -1,0 +1,398 @@
+//! HTTP/1.1 connections to one route's upstream, each driven by the request
+//! that uses it.
+//!
+//! hyper-util's pooled client runs every upstream connection on a task of
+//! its own: a proxied request crosses tasks four times (request in,
+//! response head out, body chunks out, connection back to idle), and on a
+//! busy core those hand-offs cost more than hyper's own parsing. Here the
+//! request's task polls the connection itself, from sending the request to
+//! the last byte of the response body, and an idle connection waits in the
+//! pool unpolled. Upgrades and h2c upstreams keep hyper-util's client,
+//! which they need.
+
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::upstream::{Upstream, UpstreamError};
+
+/// Why a request did not get a response from the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("the app's connection failed: {0}")]
+    Http(#[from] hyper::Error),
+}
+
+/// The idle connections of one route.
+pub struct Http1Pool {
+    upstream: Arc<Upstream>,
+    /// Oldest first; requests take the newest (the one most likely alive).
+    idle: Mutex<VecDeque<Idle>>,
+    max_idle: usize,
+    idle_timeout: Duration,
+}
+
+struct Idle {
+    connection: PooledConnection,
+    since: Instant,
+}
+
+struct PooledConnection {
+    sender: SendRequest<Incoming>,
+    /// `None` once hyper says the connection is over: a finished future
+    /// must not be polled again.
+    driver: Option<Connection<TokioIo<TcpStream>, Incoming>>,
+}
+
+impl PooledConnection {
+    /// Moves the connection along (writes, reads, state changes); false
+    /// once it has closed.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(driver) = self.driver.as_mut() else {
+            return false;
+        };
+        match Pin::new(driver).poll(cx) {
+            Poll::Pending => true,
+            Poll::Ready(_) => {
+                self.driver = None;
+                false
+            }
+        }
+    }
+
+    /// Open, between messages, and ready to take the next request.
+    fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
+        self.drive(cx) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
+    }
+}
+
+impl Http1Pool {
+    pub fn new(upstream: Arc<Upstream>, max_idle: usize, idle_timeout: Duration) -> Self {
+        Self {
+            upstream,
+            idle: Mutex::new(VecDeque::new()),
+            // Room for one at least: checkin makes room before it adds.
+            max_idle: max_idle.max(1),
+            idle_timeout,
+        }
+    }
+
+    /// Sends `request` on an idle connection, or on a new one (holding
+    /// through a cold start until `deadline`), and returns the response
+    /// whose body drives the connection and gives it back when done.
+    pub async fn send(
+        self: &Arc<Self>,
+        mut request: Request<Incoming>,
+        deadline: Instant,
+    ) -> Result<Response<PooledBody>, SendError> {
+        loop {
+            let (mut connection, reused) = match self.checkout().await {
+                Some(connection) => (connection, true),
+                None => (self.connect(deadline).await?, false),
+            };
+            let sending = pin!(connection.sender.try_send_request(request));
+            let mut sending = sending;
+            let answer = poll_fn(|cx| {
+                connection.drive(cx);
+                // Once the connection has ended, hyper has answered the
+                // request with the reason.
+                sending.as_mut().poll(cx)
+            })
+            .await;
+            match answer {
+                Ok(response) => {
+                    return Ok(response.map(|body| PooledBody {
+                        body,
+                        connection: Some(connection),
+                        pool: self.clone(),
+                    }));
+                }
+                Err(mut error) => match error.take_message() {
+                    // Never written: an idle connection the app had just
+                    // closed. A fresh one gets it.
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(error.into_error().into()),
+                },
+            }
+        }
+    }
+
+    async fn connect(&self, deadline: Instant) -> Result<PooledConnection, SendError> {
+        let stream = self.upstream.connect(deadline).await?;
+        let (sender, driver) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await?;
+        Ok(PooledConnection {
+            sender,
+            driver: Some(driver),
+        })
+    }
+
+    /// The newest idle connection still open. Polling it notices an app
+    /// that closed it while it waited.
+    async fn checkout(&self) -> Option<PooledConnection> {
+        loop {
+            let idle = self.lock().pop_back()?;
+            if idle.since.elapsed() >= self.idle_timeout {
+                // The rest are older still.
+                self.lock().clear();
+                return None;
+            }
+            let mut connection = idle.connection;
+            if poll_fn(|cx| Poll::Ready(connection.reusable(cx))).await {
+                return Some(connection);
+            }
+        }
+    }
+
+    fn checkin(&self, mut connection: PooledConnection) {
+        // With the response read, one poll moves the connection to idle
+        // and makes its sender ready; nobody waits on it until a request
+        // takes it and polls it with its own waker.
+        if !connection.reusable(&mut Context::from_waker(Waker::noop())) {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.lock();
+        while idle.len() >= self.max_idle
+            || idle
+                .front()
+                .is_some_and(|oldest| now.duration_since(oldest.since) >= self.idle_timeout)
+        {
+            idle.pop_front();
+        }
+        idle.push_back(Idle {
+            connection,
+            since: now,
+        });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
+        // The queue holds no invariant a panic could break halfway.
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// A response body that drives its connection while it is read, and gives
+/// the connection back to the pool once the body is complete. A body
+/// dropped before its end closes the connection (HTTP/1.1 cannot skip the
+/// rest of a message).
+pub struct PooledBody {
+    body: Incoming,
+    connection: Option<PooledConnection>,
+    pool: Arc<Http1Pool>,
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if let Some(connection) = this.connection.as_mut() {
+            connection.drive(cx);
+        }
+        Pin::new(&mut this.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        if let Some(connection) = self.connection.take()
+            && self.body.is_end_stream()
+        {
+            self.pool.checkin(connection);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interceptor::counters::RouteCounters;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// An upstream that answers every request on a connection with `body`,
+    /// closing after `per_connection` responses; counts its connections.
+    async fn upstream(body: &'static str, per_connection: usize) -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut answered = 0;
+                    while answered < per_connection {
+                        let mut chunk = [0u8; 1024];
+                        let read = stream.read(&mut chunk).await.unwrap_or(0);
+                        if read == 0 {
+                            return;
+                        }
+                        buffer.extend_from_slice(&chunk[..read]);
+                        while let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buffer.drain(..end + 4);
+                            let response = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            stream.write_all(response.as_bytes()).await.unwrap();
+                            answered += 1;
+                        }
+                    }
+                });
+            }
+        });
+        (address, accepted)
+    }
+
+    fn pool(address: String) -> Arc<Http1Pool> {
+        let counters = Arc::new(RouteCounters::new(Instant::now()));
+        let upstream = Arc::new(Upstream::new(
+            "web".into(),
+            address,
+            Duration::from_secs(5),
+            10,
+            counters,
+        ));
+        Arc::new(Http1Pool::new(upstream, 4, Duration::from_secs(90)))
+    }
+
+    /// A request with an empty `Incoming` body, as the server side hands
+    /// them over: taken from a real hyper server on loopback.
+    async fn requests(count: usize) -> tokio::sync::mpsc::Receiver<Request<Incoming>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(count);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(request).await;
+                    Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+        tokio::spawn(async move {
+            let stream = TcpStream::connect(address).await.unwrap();
+            let (mut sender, driver) = http1::handshake::<_, String>(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(driver);
+            for _ in 0..count {
+                let request = Request::builder()
+                    .uri("/")
+                    .header("host", "web")
+                    .body(String::new())
+                    .unwrap();
+                sender.send_request(request).await.unwrap();
+            }
+        });
+        rx
+    }
+
+    /// Sends the next request through the pool and reads the whole body.
+    async fn forward(
+        pool: &Arc<Http1Pool>,
+        incoming: &mut tokio::sync::mpsc::Receiver<Request<Incoming>>,
+    ) -> Bytes {
+        let request = incoming.recv().await.unwrap();
+        let response = pool
+            .send(request, Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn one_connection_serves_requests_in_turn() {
+        let (address, accepted) = upstream("hello", usize::MAX).await;
+        let pool = pool(address);
+        let mut incoming = requests(20).await;
+        for _ in 0..20 {
+            let body = forward(&pool, &mut incoming).await;
+            assert_eq!(body, "hello");
+            assert_eq!(
+                pool.idle_count(),
+                1,
+                "the connection is back once its body is read"
+            );
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_app_closed_is_replaced() {
+        // The app closes each connection after one response, as an app
+        // with a short keep-alive would between two requests.
+        let (address, accepted) = upstream("bye", 1).await;
+        let pool = pool(address);
+        let mut incoming = requests(5).await;
+        for _ in 0..5 {
+            let body = forward(&pool, &mut incoming).await;
+            assert_eq!(body, "bye");
+            // Let the app's close arrive before the next request.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_unread_takes_its_connection_with_it() {
+        let (address, accepted) = upstream("unread", usize::MAX).await;
+        let pool = pool(address);
+        let mut incoming = requests(2).await;
+        let request = incoming.recv().await.unwrap();
+        let response = pool
+            .send(request, Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        // Unread, the body is not known to be complete: the connection
+        // is in the middle of a message and cannot be reused.
+        drop(response);
+        let body = forward(&pool, &mut incoming).await;
+        assert_eq!(body, "unread");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+}
