@@ -52,6 +52,10 @@ pub struct InterceptorSettings {
     /// connection before it gets a 504 (a TCP connection is closed).
     #[serde(with = "humantime_serde")]
     pub cold_start_timeout: Duration,
+    /// How long an HTTP request waits for the app's response headers once
+    /// the app has it (not counting a cold start), before it gets a 504.
+    #[serde(with = "humantime_serde")]
+    pub response_timeout: Duration,
     /// Requests (connections) held per route at most; more get a 503.
     pub max_held_per_route: usize,
     /// Split setup, scaler side: `host:port` of the interceptors' admin
@@ -85,6 +89,12 @@ pub struct HttpRouteSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub cold_start_timeout: Option<Duration>,
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub response_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,6 +116,8 @@ impl Default for InterceptorSettings {
         Self {
             http_listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
             cold_start_timeout: Duration::from_secs(60),
+            // Azure Container Apps' ingress gives an app 240 s to answer.
+            response_timeout: Duration::from_secs(240),
             max_held_per_route: 1000,
             endpoints: Vec::new(),
             read_timeout: Duration::from_secs(1),
@@ -113,6 +125,13 @@ impl Default for InterceptorSettings {
             tcp_routes: Vec::new(),
         }
     }
+}
+
+const TIMEOUT_RANGE: &str = "must be more than zero and at most one hour";
+
+/// The range of the interceptor's per-request timeouts.
+fn in_range(timeout: Duration) -> bool {
+    !timeout.is_zero() && timeout <= Duration::from_secs(3600)
 }
 
 impl InterceptorSettings {
@@ -145,6 +164,12 @@ impl InterceptorSettings {
             return Err(invalid(
                 "interceptor.cold_start_timeout".into(),
                 "must be more than zero".into(),
+            ));
+        }
+        if !in_range(self.response_timeout) {
+            return Err(invalid(
+                "interceptor.response_timeout".into(),
+                TIMEOUT_RANGE.into(),
             ));
         }
         if self.read_timeout.is_zero() {
@@ -196,17 +221,19 @@ impl InterceptorSettings {
             if !host_port(upstream) {
                 return Err(invalid(key("upstream"), not_host_port(upstream)));
             }
-            let hour = Duration::from_secs(3600);
-            if cold_start.is_some_and(|timeout| timeout.is_zero() || timeout > hour) {
-                return Err(invalid(
-                    key("cold_start_timeout"),
-                    "must be more than zero and at most one hour".into(),
-                ));
+            if cold_start.is_some_and(|timeout| !in_range(timeout)) {
+                return Err(invalid(key("cold_start_timeout"), TIMEOUT_RANGE.into()));
             }
         }
         let mut hosts = std::collections::BTreeSet::new();
         for route in &self.http_routes {
             let key = |field: &str| format!("interceptor.http_routes[{}].{field}", route.name);
+            if route
+                .response_timeout
+                .is_some_and(|timeout| !in_range(timeout))
+            {
+                return Err(invalid(key("response_timeout"), TIMEOUT_RANGE.into()));
+            }
             let authority = http::uri::Authority::try_from(route.host.as_str());
             if route.host.contains(['/', ' ', ':', '@']) || authority.is_err() {
                 return Err(invalid(
@@ -732,6 +759,8 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
             (route("path_prefix = \"api\""), "http_routes[web].path_prefix"),
             (format!("{}{}", route(""), route("")), "http_routes[web].name"),
             (route("cold_start_timeout = \"0s\""), "http_routes[web].cold_start_timeout"),
+            (route("response_timeout = \"2h\""), "http_routes[web].response_timeout"),
+            ("[interceptor]\nresponse_timeout = \"0s\"\n".to_string(), "interceptor.response_timeout"),
             (
                 "[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.test:80\"\nupstream = \"web:80\"\n".to_string(),
                 "http_routes[web].host",
@@ -763,7 +792,7 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
 
         std::fs::write(
             &file,
-            route("path_prefix = \"/api\"\nupstream_http2 = true"),
+            route("path_prefix = \"/api\"\nupstream_http2 = true\nresponse_timeout = \"15m\""),
         )
         .unwrap();
         let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
@@ -771,6 +800,15 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
         assert_eq!(
             settings.interceptor.http_routes[0].path_prefix.as_deref(),
             Some("/api")
+        );
+        assert_eq!(
+            settings.interceptor.http_routes[0].response_timeout,
+            Some(Duration::from_secs(900))
+        );
+        assert_eq!(
+            settings.interceptor.response_timeout,
+            Duration::from_secs(240),
+            "the default"
         );
     }
 

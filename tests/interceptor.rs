@@ -132,6 +132,7 @@ fn http_route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSettings
         upstream: upstream.to_string(),
         upstream_http2: false,
         cold_start_timeout: None,
+        response_timeout: None,
     }
 }
 
@@ -816,6 +817,43 @@ async fn an_upstream_that_never_answers_is_held_for_too() {
     .await;
     assert!(next_activity(&mut activity).await);
     request.abort();
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_app_that_accepts_and_never_answers_gets_a_504_at_the_response_timeout() {
+    // The app's handler never returns: the request is the app's, and it
+    // is too slow (not a cold start).
+    let silent = Upstream::start(|_request: Request<Incoming>| async move {
+        futures::future::pending::<()>().await;
+        Response::new(full(""))
+    })
+    .await;
+    let mut http1 = http_route("web", "web.test", silent.addr);
+    http1.response_timeout = Some(Duration::from_millis(300));
+    let mut h2c = http_route("grpc-app", "grpc.test", silent.addr);
+    h2c.upstream_http2 = true;
+    h2c.response_timeout = Some(Duration::from_millis(300));
+    let hoist = Hoist::start_with(with_routes(vec![http1, h2c], vec![])).await;
+    let proxy = hoist.http_proxy.unwrap();
+
+    for (client, host, route) in [
+        (http1_client(), "web.test", "web"),
+        (h2c_client(), "grpc.test", "grpc-app"),
+    ] {
+        let (status, body) = tokio::time::timeout(PATIENCE, send(&client, proxy, host, "/slow"))
+            .await
+            .expect("an answer well before the test's patience runs out");
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{route}: {body}");
+        assert!(body.contains(&format!("route `{route}`")), "{body}");
+        assert!(body.contains("did not answer within 300ms"), "{body}");
+        assert!(body.contains("response_timeout"), "{body}");
+        let report = routes(hoist.admin).await;
+        let load = &report.routes[route].load;
+        assert_eq!(load.in_flight, 0, "{route}: the request is over");
+        assert_eq!(load.held, 0, "{route}: never held for a cold start");
+    }
+    assert_eq!(silent.requests(), 2, "each request reached the app once");
     hoist.stop().await.unwrap();
 }
 

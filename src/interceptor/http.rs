@@ -48,6 +48,8 @@ pub struct HttpRoute {
     pool: Arc<Http1Pool>,
     /// Upgrades, and every request to an h2c upstream.
     client: Client<ColdStartConnector, Incoming>,
+    /// How long the app has to send a response's head (then 504).
+    response_timeout: Duration,
 }
 
 /// Idle upstream connections kept per route, at most.
@@ -62,6 +64,7 @@ impl HttpRoute {
         path_prefix: Option<String>,
         upstream: Arc<Upstream>,
         upstream_http2: bool,
+        response_timeout: Duration,
     ) -> Self {
         let counters = upstream.counters.clone();
         let mut builder = Client::builder(TokioExecutor::new());
@@ -88,9 +91,11 @@ impl HttpRoute {
                 upstream.clone(),
                 MAX_IDLE_PER_ROUTE,
                 IDLE_TIMEOUT,
+                response_timeout,
             )),
             upstream,
             client,
+            response_timeout,
         }
     }
 
@@ -272,11 +277,16 @@ async fn proxy(
             }
             Err(SendError::Upstream(error)) => refused(&error),
             Err(SendError::Http(error)) => upstream_failure(&route.name, &error),
+            Err(SendError::ResponseTimeout(timeout)) => too_slow(&route.name, timeout),
         };
     }
-    let mut response = match route.client.request(request).await {
-        Ok(response) => response,
-        Err(error) => return client_failure(&route.name, &error),
+    // Here the clock also runs while the connector holds a request through
+    // a cold start that began after `admit`: rare, and bounded either way.
+    let answer = tokio::time::timeout(route.response_timeout, route.client.request(request));
+    let mut response = match answer.await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => return client_failure(&route.name, &error),
+        Err(_) => return too_slow(&route.name, route.response_timeout),
     };
     route.upstream.reached();
     *response.version_mut() = client_version;
@@ -347,6 +357,17 @@ fn upstream_failure(route: &str, error: &(dyn std::error::Error + 'static)) -> R
     plain(
         StatusCode::BAD_GATEWAY,
         format!("hoist interceptor: route `{route}`: the app's connection failed\n"),
+    )
+}
+
+fn too_slow(route: &str, timeout: Duration) -> Response<ProxyBody> {
+    debug!(route, ?timeout, "the app did not answer in time");
+    plain(
+        StatusCode::GATEWAY_TIMEOUT,
+        format!(
+            "hoist interceptor: route `{route}`: the app did not answer within {} (response_timeout)\n",
+            humantime::format_duration(timeout)
+        ),
     )
 }
 
@@ -601,6 +622,7 @@ mod tests {
             Some("/api/".into()),
             upstream,
             false,
+            Duration::from_secs(240),
         );
         assert!(route.matches("web.example.com", "/api"));
         assert!(route.matches("web.example.com", "/api/orders"));

@@ -23,7 +23,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::upstream::{Upstream, UpstreamError};
 
@@ -34,6 +34,8 @@ pub enum SendError {
     Upstream(#[from] UpstreamError),
     #[error("the app's connection failed: {0}")]
     Http(#[from] hyper::Error),
+    #[error("the app did not answer within {}", humantime::format_duration(*.0))]
+    ResponseTimeout(Duration),
 }
 
 /// The idle connections of one route.
@@ -43,6 +45,8 @@ pub struct Http1Pool {
     idle: Mutex<VecDeque<Idle>>,
     max_idle: usize,
     idle_timeout: Duration,
+    /// From sending a request to its response's head.
+    response_timeout: Duration,
 }
 
 struct Idle {
@@ -55,6 +59,10 @@ struct PooledConnection {
     /// `None` once hyper says the connection is over: a finished future
     /// must not be polled again.
     driver: Option<Connection<TokioIo<TcpStream>, Incoming>>,
+    /// The response timeout of the request on this connection. One timer
+    /// per connection, moved forward per request: extending a registered
+    /// tokio timer is an atomic update, a new one a trip to the wheel.
+    response_timer: Pin<Box<Sleep>>,
 }
 
 impl PooledConnection {
@@ -80,8 +88,14 @@ impl PooledConnection {
 }
 
 impl Http1Pool {
-    pub fn new(upstream: Arc<Upstream>, max_idle: usize, idle_timeout: Duration) -> Self {
+    pub fn new(
+        upstream: Arc<Upstream>,
+        max_idle: usize,
+        idle_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
         Self {
+            response_timeout,
             upstream,
             idle: Mutex::new(VecDeque::new()),
             // Room for one at least: checkin makes room before it adds.
@@ -105,13 +119,25 @@ impl Http1Pool {
             };
             let sending = pin!(connection.sender.try_send_request(request));
             let mut sending = sending;
+            connection
+                .response_timer
+                .as_mut()
+                .reset(Instant::now() + self.response_timeout);
             let answer = poll_fn(|cx| {
                 connection.drive(cx);
                 // Once the connection has ended, hyper has answered the
                 // request with the reason.
-                sending.as_mut().poll(cx)
+                if let Poll::Ready(answer) = sending.as_mut().poll(cx) {
+                    return Poll::Ready(Some(answer));
+                }
+                connection.response_timer.as_mut().poll(cx).map(|()| None)
             })
             .await;
+            // On time out the connection is dropped: it is in the middle
+            // of a message.
+            let Some(answer) = answer else {
+                return Err(SendError::ResponseTimeout(self.response_timeout));
+            };
             match answer {
                 Ok(response) => {
                     return Ok(response.map(|body| PooledBody {
@@ -138,6 +164,7 @@ impl Http1Pool {
         Ok(PooledConnection {
             sender,
             driver: Some(driver),
+            response_timer: Box::pin(tokio::time::sleep(self.response_timeout)),
         })
     }
 
@@ -284,6 +311,10 @@ mod tests {
     }
 
     fn pool(address: String) -> Arc<Http1Pool> {
+        pool_with_timeout(address, Duration::from_secs(5))
+    }
+
+    fn pool_with_timeout(address: String, response_timeout: Duration) -> Arc<Http1Pool> {
         let counters = Arc::new(RouteCounters::new(Instant::now()));
         let upstream = Arc::new(Upstream::new(
             "web".into(),
@@ -292,7 +323,12 @@ mod tests {
             10,
             counters,
         ));
-        Arc::new(Http1Pool::new(upstream, 4, Duration::from_secs(90)))
+        Arc::new(Http1Pool::new(
+            upstream,
+            4,
+            Duration::from_secs(90),
+            response_timeout,
+        ))
     }
 
     /// A request with an empty `Incoming` body, as the server side hands
@@ -360,6 +396,19 @@ mod tests {
             );
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_past_its_response_timeout_serves_the_next_request() {
+        // The connection's timer ran out while it sat in the pool: the
+        // next request on it starts a fresh one.
+        let (address, accepted) = upstream("again", usize::MAX).await;
+        let pool = pool_with_timeout(address, Duration::from_millis(100));
+        let mut incoming = requests(2).await;
+        assert_eq!(forward(&pool, &mut incoming).await, "again");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(forward(&pool, &mut incoming).await, "again");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "the same connection");
     }
 
     #[tokio::test]

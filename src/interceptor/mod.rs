@@ -140,6 +140,7 @@ impl Interceptor {
                 route.path_prefix.clone(),
                 upstream,
                 route.upstream_http2,
+                route.response_timeout.unwrap_or(settings.response_timeout),
             );
             routes.insert(
                 route.name.clone(),

@@ -82,6 +82,7 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{- define "hoist.proxySettings" -}}
 {{- $routes := dict "http_listen" (printf "0.0.0.0:%v" .Values.interceptor.httpPort) -}}
 {{- $_ := set $routes "cold_start_timeout" .Values.interceptor.coldStartTimeout -}}
+{{- $_ := set $routes "response_timeout" .Values.interceptor.responseTimeout -}}
 {{- $_ := set $routes "max_held_per_route" .Values.interceptor.maxHeldPerRoute -}}
 {{- if .Values.interceptor.httpRoutes }}{{ $_ := set $routes "http_routes" .Values.interceptor.httpRoutes }}{{ end -}}
 {{- if .Values.interceptor.tcpRoutes }}{{ $_ := set $routes "tcp_routes" .Values.interceptor.tcpRoutes }}{{ end -}}
