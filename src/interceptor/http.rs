@@ -261,7 +261,7 @@ async fn proxy(
     forwarded_headers(&mut parts.headers, peer);
 
     // Held here, each request on its own deadline and under the cap, while
-    // the upstream is at zero; the connector's own wait covers the rest.
+    // the upstream is at zero; connecting waits the same way for the rest.
     let deadline = route.upstream.deadline();
     if let Err(error) = route.upstream.admit(deadline).await {
         return refused(&error);
