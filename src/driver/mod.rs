@@ -105,7 +105,9 @@ mod pattern_tests {
     }
 }
 
-type Triggers = HashMap<TriggerKey, Arc<Tracked>, foldhash::quality::RandomState>;
+/// Keyed by [`TriggerKey::identity`]: a slot is the key's buffer and the
+/// entry, so 10,000 triggers fit in a quarter of a megabyte of table.
+type Triggers = HashMap<Box<[u8]>, Arc<Tracked>, foldhash::quality::RandomState>;
 
 /// Why a trigger is not tracked.
 #[derive(Debug, thiserror::Error)]
@@ -177,6 +179,11 @@ impl TriggerKey {
             name,
             metadata,
         }
+    }
+
+    /// Namespace, name and sorted metadata, each length-prefixed.
+    fn identity(&self) -> &[u8] {
+        &self.identity
     }
 
     fn metadata_map(&self) -> HashMap<String, String> {
@@ -342,7 +349,7 @@ impl Driver {
     /// The tracked trigger for `key`, parsing its metadata and starting (or
     /// joining) a poller the first time it is seen.
     pub fn track(&self, key: TriggerKey) -> Result<Arc<Tracked>, TrackError> {
-        if let Some(tracked) = self.read_triggers().get(&key) {
+        if let Some(tracked) = self.read_triggers().get(key.identity()) {
             tracked.touch();
             return Ok(tracked.clone());
         }
@@ -397,7 +404,7 @@ impl Driver {
             .triggers
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(tracked) = triggers.get(&key) {
+        if let Some(tracked) = triggers.get(key.identity()) {
             // Another request parsed the same trigger meanwhile.
             tracked.touch();
             return Ok(tracked.clone());
@@ -408,14 +415,14 @@ impl Driver {
                 // An edited ScaledObject arrives with new metadata, so a new
                 // key: the trigger it replaces (same metric) goes at once.
                 let superseded: Vec<TriggerKey> = triggers
-                    .iter()
-                    .filter(|(old, tracked)| {
-                        old.namespace == key.namespace
-                            && old.name == key.name
+                    .values()
+                    .filter(|tracked| {
+                        tracked.key.namespace == key.namespace
+                            && tracked.key.name == key.name
                             && tracked.scaling.is_some()
                             && tracked.config.trigger.metric_name == config.trigger.metric_name
                     })
-                    .map(|(old, _)| old.clone())
+                    .map(|tracked| tracked.key.clone())
                     .collect();
                 for old in &superseded {
                     info!(namespace = %key.namespace, scaled_object = %key.name, "trigger metadata changed: replacing the old trigger");
@@ -481,7 +488,7 @@ impl Driver {
             epoch: self.inner.epoch,
         });
         tracked.touch();
-        triggers.insert(key, tracked.clone());
+        triggers.insert(key.identity, tracked.clone());
         self.inner
             .metrics
             .tracked_triggers
@@ -612,11 +619,11 @@ impl Driver {
             .write()
             .unwrap_or_else(|e| e.into_inner());
         let idle: Vec<TriggerKey> = triggers
-            .iter()
-            .filter(|(_, t)| {
+            .values()
+            .filter(|t| {
                 t.open_streams.load(Ordering::Relaxed) == 0 && t.idle_for(now) >= idle_after
             })
-            .map(|(key, _)| key.clone())
+            .map(|t| t.key.clone())
             .collect();
         for key in &idle {
             info!(
@@ -637,7 +644,7 @@ impl Driver {
     /// Stops tracking `key`: leaves its poller (stopped when nobody is left)
     /// and its engine (stopped likewise). The caller holds `triggers`.
     fn forget(&self, triggers: &mut Triggers, key: &TriggerKey) {
-        let Some(tracked) = triggers.remove(key) else {
+        let Some(tracked) = triggers.remove(key.identity()) else {
             return;
         };
         let query = &tracked.config.trigger.query;
