@@ -113,7 +113,8 @@ async fn echo(request: Request<Incoming>) -> Response<Body> {
         .map(|value| value.to_str().unwrap_or("?").to_string())
         .collect();
     let text = format!(
-        "host={host} xff={} xfp={} path={} version={:?} private={} cookies={}",
+        "host={host} target={} xff={} xfp={} path={} version={:?} private={} cookies={}",
+        request.uri(),
         header("x-forwarded-for"),
         header("x-forwarded-proto"),
         request.uri().path_and_query().map_or("", |p| p.as_str()),
@@ -207,6 +208,8 @@ async fn http1_requests_keep_their_host_and_gain_forwarded_headers() {
     assert!(body.contains("xff=127.0.0.1"), "{body}");
     assert!(body.contains("xfp=http"), "{body}");
     assert!(body.contains("path=/orders?page=2"), "{body}");
+    // The request line an HTTP/1.1 app gets carries the origin form.
+    assert!(body.contains("target=/orders?page=2 "), "{body}");
     assert!(body.contains("version=HTTP/1.1"), "{body}");
 
     // Hop-by-hop headers named in Connection stay behind.

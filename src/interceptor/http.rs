@@ -87,12 +87,12 @@ impl HttpRoute {
             path_prefix,
             counters,
             upstream_http2,
-            pool: Arc::new(Http1Pool::new(
+            pool: Http1Pool::new(
                 upstream.clone(),
                 MAX_IDLE_PER_ROUTE,
                 IDLE_TIMEOUT,
                 response_timeout,
-            )),
+            ),
             upstream,
             client,
             response_timeout,
@@ -232,9 +232,19 @@ async fn proxy(
         // An HTTP/2 client names the host in the URI only.
         parts.headers.insert(header::HOST, value);
     }
+    let pooled = !route.upstream_http2 && client_upgrade.is_none();
     let mut uri = std::mem::take(&mut parts.uri).into_parts();
-    uri.scheme = Some(Scheme::HTTP);
-    uri.authority = route.authority.clone();
+    if pooled {
+        // Written as is on the connection: an HTTP/1.1 origin server gets
+        // the origin form (`/path?query`), as from any client.
+        uri.scheme = None;
+        uri.authority = None;
+    } else {
+        // hyper-util's client wants the absolute form; it sends the origin
+        // form (HTTP/1.1) or `:authority` (h2c).
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = route.authority.clone();
+    }
     if uri.path_and_query.is_none() {
         uri.path_and_query = Some(PathAndQuery::from_static("/"));
     }
@@ -267,7 +277,7 @@ async fn proxy(
         return refused(&error);
     }
     let request = Request::from_parts(parts, body);
-    if !route.upstream_http2 && client_upgrade.is_none() {
+    if pooled {
         return match route.pool.send(request, deadline).await {
             Ok(mut response) => {
                 route.upstream.reached();
@@ -276,6 +286,14 @@ async fn proxy(
                 response.map(|body| counted(body, in_flight))
             }
             Err(SendError::Upstream(error)) => refused(&error),
+            // The client's own request body failed (it left mid-upload).
+            Err(SendError::Http(error)) if error.is_user() => {
+                debug!(route = %route.name, %error, "the client's request failed");
+                plain(
+                    StatusCode::BAD_REQUEST,
+                    "hoist interceptor: the request's body could not be read\n".to_string(),
+                )
+            }
             Err(SendError::Http(error)) => upstream_failure(&route.name, &error),
             Err(SendError::ResponseTimeout(timeout)) => too_slow(&route.name, timeout),
         };

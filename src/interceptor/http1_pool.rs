@@ -39,6 +39,14 @@ pub enum SendError {
     ResponseTimeout(Duration),
 }
 
+/// How often idle connections are looked at: closed by the app, or idle
+/// past the timeout, they are dropped.
+const SWEEP_EVERY: Duration = if cfg!(test) {
+    Duration::from_millis(20)
+} else {
+    Duration::from_secs(5)
+};
+
 /// The idle connections of one route.
 pub struct Http1Pool {
     upstream: Arc<Upstream>,
@@ -46,7 +54,8 @@ pub struct Http1Pool {
     idle: Mutex<VecDeque<Idle>>,
     max_idle: usize,
     idle_timeout: Duration,
-    /// From sending a request to its response's head.
+    /// From sending a request (its body included) to its response's head;
+    /// also how long an upload may go on after its response ended.
     response_timeout: Duration,
 }
 
@@ -89,20 +98,34 @@ impl PooledConnection {
 }
 
 impl Http1Pool {
+    /// A pool, and its sweeper task (which ends with the pool).
     pub fn new(
         upstream: Arc<Upstream>,
         max_idle: usize,
         idle_timeout: Duration,
         response_timeout: Duration,
-    ) -> Self {
-        Self {
+    ) -> Arc<Self> {
+        let pool = Arc::new(Self {
             response_timeout,
             upstream,
             idle: Mutex::new(VecDeque::new()),
             // Room for one at least: checkin makes room before it adds.
             max_idle: max_idle.max(1),
             idle_timeout,
-        }
+        });
+        let weak = Arc::downgrade(&pool);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(SWEEP_EVERY);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(pool) = weak.upgrade() else {
+                    return;
+                };
+                pool.sweep();
+            }
+        });
+        pool
     }
 
     /// Sends `request` on an idle connection, or on a new one (holding
@@ -172,11 +195,10 @@ impl Http1Pool {
     /// that closed it while it waited.
     async fn checkout(&self) -> Option<PooledConnection> {
         loop {
+            // (The lock is released at the end of this statement.)
             let idle = self.lock().pop_back()?;
             if idle.since.elapsed() >= self.idle_timeout {
-                // The rest are older still.
-                self.lock().clear();
-                return None;
+                continue;
             }
             let mut connection = idle.connection;
             if poll_fn(|cx| Poll::Ready(connection.reusable(cx))).await {
@@ -190,21 +212,53 @@ impl Http1Pool {
         // and makes its sender ready; nobody waits on it until a request
         // takes it and polls it with its own waker.
         if !connection.reusable(&mut Context::from_waker(Waker::noop())) {
+            if let Some(driver) = connection.driver.take() {
+                finish_upload(driver, self.response_timeout);
+            }
             return;
         }
         let now = Instant::now();
-        let mut idle = self.lock();
-        while idle.len() >= self.max_idle
-            || idle
-                .front()
-                .is_some_and(|oldest| now.duration_since(oldest.since) >= self.idle_timeout)
+        let mut evicted = Vec::new();
         {
-            idle.pop_front();
+            let mut idle = self.lock();
+            while idle.len() >= self.max_idle
+                || idle
+                    .front()
+                    .is_some_and(|oldest| now.duration_since(oldest.since) >= self.idle_timeout)
+            {
+                evicted.extend(idle.pop_front());
+            }
+            idle.push_back(Idle {
+                connection,
+                since: now,
+            });
         }
-        idle.push_back(Idle {
-            connection,
-            since: now,
-        });
+        // Closed here, not under the lock.
+        drop(evicted);
+    }
+
+    /// Drops the idle connections the app has closed (one poll notices
+    /// its FIN) and those idle past the timeout, so that nothing lingers
+    /// half-closed once traffic stops (a route at zero).
+    fn sweep(&self) {
+        let now = Instant::now();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut gone = Vec::new();
+        {
+            let mut idle = self.lock();
+            let mut kept = VecDeque::with_capacity(idle.len());
+            for mut entry in idle.drain(..) {
+                if now.duration_since(entry.since) < self.idle_timeout
+                    && entry.connection.reusable(&mut cx)
+                {
+                    kept.push_back(entry);
+                } else {
+                    gone.push(entry);
+                }
+            }
+            *idle = kept;
+        }
+        drop(gone);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
@@ -220,6 +274,18 @@ impl Http1Pool {
     }
 }
 
+/// A connection whose response ended while the request's body was still
+/// being sent (an app that answers before reading everything): it cannot
+/// be reused, but the upload goes on, on its own task, for up to `limit`;
+/// with the sender dropped, hyper closes the connection after it.
+fn finish_upload(driver: Connection<TokioIo<TcpStream>, Incoming>, limit: Duration) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(limit, driver).await;
+        });
+    }
+}
+
 /// A response body that drives its connection while it is read, and gives
 /// the connection back to the pool once the body is complete. A body
 /// dropped before its end closes the connection (HTTP/1.1 cannot skip the
@@ -228,6 +294,14 @@ pub struct PooledBody {
     body: Incoming,
     connection: Option<PooledConnection>,
     pool: Arc<Http1Pool>,
+}
+
+impl PooledBody {
+    fn check_in(&mut self) {
+        if let Some(connection) = self.connection.take() {
+            self.pool.checkin(connection);
+        }
+    }
 }
 
 impl Body for PooledBody {
@@ -242,7 +316,18 @@ impl Body for PooledBody {
         if let Some(connection) = this.connection.as_mut() {
             connection.drive(cx);
         }
-        Pin::new(&mut this.body).poll_frame(cx)
+        let frame = Pin::new(&mut this.body).poll_frame(cx);
+        // The end of a body without a length (chunked, or trailers, after
+        // which hyper's server polls no more) is only seen here.
+        let ended = match &frame {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(frame))) => frame.is_trailers(),
+            _ => false,
+        };
+        if ended {
+            this.check_in();
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
@@ -256,10 +341,9 @@ impl Body for PooledBody {
 
 impl Drop for PooledBody {
     fn drop(&mut self) {
-        if let Some(connection) = self.connection.take()
-            && self.body.is_end_stream()
-        {
-            self.pool.checkin(connection);
+        // A body with a length is known complete without a last poll.
+        if self.body.is_end_stream() {
+            self.check_in();
         }
     }
 }
@@ -276,6 +360,15 @@ mod tests {
     /// An upstream that answers every request on a connection with `body`,
     /// closing after `per_connection` responses; counts its connections.
     async fn upstream(body: &'static str, per_connection: usize) -> (String, Arc<AtomicUsize>) {
+        upstream_framed(body, per_connection, false).await
+    }
+
+    /// The same, with the body chunked (no length) when `chunked`.
+    async fn upstream_framed(
+        body: &'static str,
+        per_connection: usize,
+        chunked: bool,
+    ) -> (String, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -296,10 +389,17 @@ mod tests {
                         buffer.extend_from_slice(&chunk[..read]);
                         while let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
                             buffer.drain(..end + 4);
-                            let response = format!(
-                                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                                body.len()
-                            );
+                            let response = if chunked {
+                                format!(
+                                    "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+                                    body.len()
+                                )
+                            } else {
+                                format!(
+                                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                                    body.len()
+                                )
+                            };
                             stream.write_all(response.as_bytes()).await.unwrap();
                             answered += 1;
                         }
@@ -315,6 +415,14 @@ mod tests {
     }
 
     fn pool_with_timeout(address: String, response_timeout: Duration) -> Arc<Http1Pool> {
+        pool_with(address, Duration::from_secs(90), response_timeout)
+    }
+
+    fn pool_with(
+        address: String,
+        idle_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Arc<Http1Pool> {
         let counters = Arc::new(RouteCounters::new(Instant::now()));
         let upstream = Arc::new(Upstream::new(
             "web".into(),
@@ -323,12 +431,7 @@ mod tests {
             10,
             counters,
         ));
-        Arc::new(Http1Pool::new(
-            upstream,
-            4,
-            Duration::from_secs(90),
-            response_timeout,
-        ))
+        Http1Pool::new(upstream, 4, idle_timeout, response_timeout)
     }
 
     /// A request with an empty `Incoming` body, as the server side hands
@@ -396,6 +499,124 @@ mod tests {
             );
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn chunked_responses_give_their_connection_back_too() {
+        // A chunked body has no length to count down: its end is the
+        // last frame, after which the server side polls no more.
+        let (address, accepted) = upstream_framed("chunk", usize::MAX, true).await;
+        let pool = pool(address);
+        let mut incoming = requests(3).await;
+        for _ in 0..3 {
+            assert_eq!(forward(&pool, &mut incoming).await, "chunk");
+            assert_eq!(pool.idle_count(), 1);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    /// Waits (up to 5 s) until the pool holds `count` idle connections.
+    async fn idle_becomes(pool: &Http1Pool, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pool.idle_count() != count {
+            assert!(
+                Instant::now() < deadline,
+                "{} idle, not {count}",
+                pool.idle_count()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn idle_connections_closed_by_the_app_or_too_old_are_swept_without_traffic() {
+        // The app closes its end right after answering.
+        let (address, _) = upstream("once", 1).await;
+        let pool = pool(address);
+        let mut incoming = requests(1).await;
+        assert_eq!(forward(&pool, &mut incoming).await, "once");
+        idle_becomes(&pool, 0).await;
+
+        // The app keeps it open; the pool's idle timeout closes it.
+        let (address, _) = upstream("kept", usize::MAX).await;
+        let pool = pool_with(address, Duration::from_millis(100), Duration::from_secs(5));
+        let mut incoming = requests(1).await;
+        assert_eq!(forward(&pool, &mut incoming).await, "kept");
+        assert_eq!(pool.idle_count(), 1);
+        idle_becomes(&pool, 0).await;
+    }
+
+    #[tokio::test]
+    async fn an_upload_goes_on_after_an_early_response() {
+        // The app answers after half the body and reads the rest after.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let app = listener.local_addr().unwrap().to_string();
+        let (received_tx, received) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buffer = Vec::new();
+            let mut chunk = [0u8; 1024];
+            let body_at = loop {
+                let read = stream.read(&mut chunk).await.unwrap();
+                buffer.extend_from_slice(&chunk[..read]);
+                if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break end + 4;
+                }
+            };
+            while buffer.len() < body_at + 5 {
+                let read = stream.read(&mut chunk).await.unwrap();
+                buffer.extend_from_slice(&chunk[..read]);
+            }
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            while buffer.len() < body_at + 10 {
+                let read = stream.read(&mut chunk).await.unwrap();
+                if read == 0 {
+                    break;
+                }
+                buffer.extend_from_slice(&chunk[..read]);
+            }
+            let _ = received_tx.send(buffer[body_at..].to_vec());
+        });
+
+        // hoist's side: a real hyper server forwarding through the pool.
+        let pool = pool(app);
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front_addr = front.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = front.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let pool = pool.clone();
+                async move {
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    Ok::<_, std::convert::Infallible>(pool.send(request, deadline).await.unwrap())
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+
+        let mut client = TcpStream::connect(front_addr).await.unwrap();
+        client
+            .write_all(b"POST / HTTP/1.1\r\nhost: web\r\ncontent-length: 10\r\n\r\n12345")
+            .await
+            .unwrap();
+        let mut response = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !response.ends_with(b"ok") {
+            let read = client.read(&mut chunk).await.unwrap();
+            assert!(read > 0, "the response arrives before the upload ends");
+            response.extend_from_slice(&chunk[..read]);
+        }
+        client.write_all(b"67890").await.unwrap();
+        let received = tokio::time::timeout(Duration::from_secs(5), received)
+            .await
+            .expect("the app reads the whole body")
+            .unwrap();
+        assert_eq!(received, b"1234567890");
     }
 
     #[tokio::test]
