@@ -166,10 +166,7 @@ async fn engine_rule_keys_are_validated_and_an_edit_replaces_the_rules() {
     let worker = status(&hoist).await.scaled_objects.remove(0);
     assert_eq!(worker.triggers.len(), 2, "{worker:?}");
 
-    let bad = client
-        .get_metric_spec(trigger("c", "none"))
-        .await
-        .unwrap_err();
+    let bad = hoist.spec_refused(&trigger("c", "none")).await;
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
     assert!(
         bad.message().contains("`maxReplicaCount`"),
@@ -186,7 +183,7 @@ async fn engine_rule_keys_are_validated_and_an_edit_replaces_the_rules() {
             ("scalingMode", "engine"),
         ],
     );
-    let bad = client.get_metric_spec(zero_target).await.unwrap_err();
+    let bad = hoist.spec_refused(&zero_target).await;
     assert!(bad.message().contains("`listLength`"), "{}", bad.message());
 }
 

@@ -156,10 +156,9 @@ async fn limits_refuse_oversized_metadata_too_many_triggers_and_unlisted_sources
         .await
         .unwrap();
 
-    let elsewhere = client
-        .get_metric_spec(redis_on("elsewhere", "redis.example.com:6379"))
-        .await
-        .unwrap_err();
+    let elsewhere = hoist
+        .spec_refused(&redis_on("elsewhere", "redis.example.com:6379"))
+        .await;
     assert_eq!(elsewhere.code(), tonic::Code::PermissionDenied);
     assert!(
         elsewhere.message().contains("redis.example.com:6379"),
@@ -170,7 +169,7 @@ async fn limits_refuse_oversized_metadata_too_many_triggers_and_unlisted_sources
     let padding = "x".repeat(500);
     let mut large = redis_on("large", &redis.address());
     large.scaler_metadata.insert("note".into(), padding);
-    let large = client.get_metric_spec(large).await.unwrap_err();
+    let large = hoist.spec_refused(&large).await;
     assert_eq!(large.code(), tonic::Code::ResourceExhausted);
     assert!(
         large.message().contains("max_metadata_bytes"),
@@ -182,10 +181,9 @@ async fn limits_refuse_oversized_metadata_too_many_triggers_and_unlisted_sources
         .get_metric_spec(redis_on("second", &redis.address()))
         .await
         .unwrap();
-    let third = client
-        .get_metric_spec(redis_on("third", &redis.address()))
-        .await
-        .unwrap_err();
+    let third = hoist
+        .spec_refused(&redis_on("third", &redis.address()))
+        .await;
     assert_eq!(third.code(), tonic::Code::ResourceExhausted);
     assert!(
         third.message().contains("max_tracked_triggers"),
