@@ -148,22 +148,16 @@ impl InterceptorSettings {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: String, reason: String| ConfigError::Invalid { key, reason };
-        if self.cold_start_timeout > Duration::from_secs(3600) {
+        if !in_range(self.cold_start_timeout) {
             return Err(invalid(
                 "interceptor.cold_start_timeout".into(),
-                "must be at most one hour".into(),
+                TIMEOUT_RANGE.into(),
             ));
         }
         if self.read_timeout > Duration::from_secs(60) {
             return Err(invalid(
                 "interceptor.read_timeout".into(),
                 "must be at most one minute".into(),
-            ));
-        }
-        if self.cold_start_timeout.is_zero() {
-            return Err(invalid(
-                "interceptor.cold_start_timeout".into(),
-                "must be more than zero".into(),
             ));
         }
         if !in_range(self.response_timeout) {

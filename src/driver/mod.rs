@@ -148,12 +148,6 @@ impl PartialEq for TriggerKey {
 
 impl Eq for TriggerKey {}
 
-impl std::hash::Hash for TriggerKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.identity.hash(state);
-    }
-}
-
 impl TriggerKey {
     pub fn new(namespace: String, name: String, metadata: HashMap<String, String>) -> Self {
         Self::from_parts(namespace, name, metadata.into_iter().collect())

@@ -39,9 +39,9 @@ pub struct HttpRoute {
     pub path_prefix: Option<String>,
     pub counters: Arc<RouteCounters>,
     pub upstream_http2: bool,
-    /// The route's host as a URI authority: it keys the connection pool
-    /// (one per route, whatever `Host` spellings clients send) and is an
-    /// h2c upstream's `:authority`.
+    /// The route's host as a URI authority, for hyper-util's client: it
+    /// keys that client's pool (one per route, whatever `Host` spellings
+    /// clients send) and is an h2c upstream's `:authority`.
     authority: Option<Authority>,
     upstream: Arc<Upstream>,
     /// HTTP/1.1 upstreams: plain requests.

@@ -217,20 +217,16 @@ impl Http1Pool {
             }
             return;
         }
-        let now = Instant::now();
+        // Expired ones are the sweeper's; here only the cap is kept.
         let mut evicted = Vec::new();
         {
             let mut idle = self.lock();
-            while idle.len() >= self.max_idle
-                || idle
-                    .front()
-                    .is_some_and(|oldest| now.duration_since(oldest.since) >= self.idle_timeout)
-            {
+            while idle.len() >= self.max_idle {
                 evicted.extend(idle.pop_front());
             }
             idle.push_back(Idle {
                 connection,
-                since: now,
+                since: Instant::now(),
             });
         }
         // Closed here, not under the lock.
