@@ -27,8 +27,9 @@ pub struct Settings {
     pub log: LogSettings,
     pub polling: PollingSettings,
     pub limits: LimitSettings,
-    /// Where engine state is saved (every 10 s and at shutdown) and
-    /// restored from at start; none: state lives in memory only.
+    /// Where engine state is saved (on every change of decision, every
+    /// 10 s and at shutdown) and restored from at start. Default
+    /// `/var/lib/hoist/state.json`; an empty path keeps state in memory only.
     #[serde(alias = "stateFile")]
     pub state_file: Option<PathBuf>,
     /// How long shutdown may take before hoist exits anyway.
@@ -38,6 +39,92 @@ pub struct Settings {
     pub auth: BTreeMap<String, AuthProfile>,
     /// The HTTP and TCP proxies behind the `http` and `tcp` triggers.
     pub interceptor: InterceptorSettings,
+    /// Access to the Kubernetes API, for engine mode.
+    pub kubernetes: KubernetesSettings,
+    pub engine: EngineSettings,
+}
+
+/// The default `state_file`.
+pub const DEFAULT_STATE_FILE: &str = "/var/lib/hoist/state.json";
+
+/// `[kubernetes]`: where engine mode reads replica counts and ScaledObjects.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesSettings {
+    /// `auto` (on when a kubeconfig or in-cluster service account is
+    /// found), `true` (fail at start without one) or `false`.
+    pub enabled: KubernetesAccess,
+    /// A kubeconfig to use instead of `KUBECONFIG`, `~/.kube/config` or the
+    /// in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// How long one API call may take.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Post Events on ScaledObjects: each engine rescale, and warnings.
+    pub events: bool,
+}
+
+impl Default for KubernetesSettings {
+    fn default() -> Self {
+        Self {
+            enabled: KubernetesAccess::Auto,
+            kubeconfig: None,
+            timeout: Duration::from_secs(5),
+            events: true,
+        }
+    }
+}
+
+/// `kubernetes.enabled`: `"auto"`, `true` or `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubernetesAccess {
+    Auto,
+    On,
+    Off,
+}
+
+impl Serialize for KubernetesAccess {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(match self {
+            KubernetesAccess::Auto => "auto",
+            KubernetesAccess::On => "true",
+            KubernetesAccess::Off => "false",
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for KubernetesAccess {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Bool(bool),
+            Word(String),
+        }
+        match Given::deserialize(deserializer)? {
+            Given::Bool(true) => Ok(KubernetesAccess::On),
+            Given::Bool(false) => Ok(KubernetesAccess::Off),
+            Given::Word(word) => match word.to_ascii_lowercase().as_str() {
+                "auto" => Ok(KubernetesAccess::Auto),
+                "true" => Ok(KubernetesAccess::On),
+                "false" => Ok(KubernetesAccess::Off),
+                _ => Err(serde::de::Error::custom(format!(
+                    "`{word}` is not \"auto\", true or false"
+                ))),
+            },
+        }
+    }
+}
+
+/// `[engine]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSettings {
+    /// Without a known replica count (no cluster access and no saved
+    /// state), compute from the engine's own last decision as if it had
+    /// been applied, instead of answering `Unavailable`. A restart then
+    /// starts every engine-mode ScaledObject from zero.
+    pub assume_applied: bool,
 }
 
 /// The interceptor: its routes (run by `hoist interceptor`, and by `hoist
@@ -378,10 +465,12 @@ impl Default for Settings {
             log: LogSettings::default(),
             polling: PollingSettings::default(),
             limits: LimitSettings::default(),
-            state_file: None,
+            state_file: Some(PathBuf::from(DEFAULT_STATE_FILE)),
             shutdown_grace: Duration::from_secs(10),
             auth: BTreeMap::new(),
             interceptor: InterceptorSettings::default(),
+            kubernetes: KubernetesSettings::default(),
+            engine: EngineSettings::default(),
         }
     }
 }
@@ -522,6 +611,12 @@ impl Settings {
             });
         }
         self.interceptor.validate()?;
+        if self.kubernetes.timeout.is_zero() || self.kubernetes.timeout > Duration::from_secs(60) {
+            return Err(ConfigError::Invalid {
+                key: "kubernetes.timeout".to_string(),
+                reason: "must be more than zero and at most 60 s".to_string(),
+            });
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return Err(ConfigError::Invalid {
                 key: "log.level".to_string(),
@@ -543,6 +638,13 @@ impl Settings {
             }
         }
         masked
+    }
+
+    /// The state file in force: `None` when set to an empty path.
+    pub fn state_path(&self) -> Option<&Path> {
+        self.state_file
+            .as_deref()
+            .filter(|path| !path.as_os_str().is_empty())
     }
 
     pub fn auth_profiles(&self) -> AuthProfiles {

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod azure;
+pub mod cluster;
 pub mod config;
 pub mod decide;
 pub mod driver;

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::admin::{self, AdminState};
+use crate::cluster::Cluster;
 use crate::config::Settings;
 use crate::driver::{Driver, DriverSettings, SourcePattern, TriggerValues};
 use crate::grpc::ScalerService;
@@ -46,6 +47,8 @@ pub enum ServerError {
     Interceptor(#[from] crate::interceptor::InterceptorError),
     #[error("cannot build the client that reads interceptors")]
     FleetClient(#[source] reqwest::Error),
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
     #[error(
         "`hoist interceptor` needs routes: add [[interceptor.http_routes]] or [[interceptor.tcp_routes]] to the config"
     )]
@@ -178,13 +181,18 @@ impl Server {
                     .filter_map(|pattern| SourcePattern::new(pattern).ok())
                     .collect(),
                 context: crate::scalers::Context { traffic },
+                assume_applied: settings.engine.assume_applied,
             },
             settings.auth_profiles(),
             metrics.clone(),
             cancel.clone(),
         );
         registry.register_collector(Box::new(TriggerValues(driver.clone())));
-        if let Some(path) = &settings.state_file {
+        if let Some(cluster) = Cluster::connect(&settings.kubernetes, cancel.clone()).await? {
+            driver.set_cluster(cluster);
+        }
+        let state_file = usable_state_file(&settings);
+        if let Some(path) = &state_file {
             match persist::load(path) {
                 Ok(Some(snapshot)) => {
                     info!(path = %path.display(), scaled_objects = snapshot.scaled_objects.len(), "engine state loaded");
@@ -251,7 +259,7 @@ impl Server {
             .await;
         cancel.cancel();
         stop.cancel();
-        if let Some(path) = &settings.state_file {
+        if let Some(path) = &state_file {
             save_state(&driver, path);
         }
 
@@ -348,6 +356,19 @@ fn serve_admin(
             })
         }
     })
+}
+
+/// The state file, when its directory exists or can be made: without
+/// one engines still run, with their state in memory only.
+fn usable_state_file(settings: &Settings) -> Option<std::path::PathBuf> {
+    let path = settings.state_path()?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Err(error) = std::fs::create_dir_all(dir)
+    {
+        warn!(path = %path.display(), %error, "cannot create the state file's directory: engine state lives in memory only (set state_file)");
+        return None;
+    }
+    Some(path.to_path_buf())
 }
 
 /// How often engine state is written to `state_file` while serving.

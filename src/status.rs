@@ -8,12 +8,52 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::driver::{Driver, Reading, Tracked};
+use crate::driver::{Answer, CountSource, Driver, Insight, Reading, Tracked};
+use crate::engine::rules::Source;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
     pub scaled_objects: Vec<ObjectStatus>,
+    /// Kubernetes access (engine mode's replica counts), when configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesStatus {
+    pub server: String,
+    /// Why ScaledObjects cannot be watched, while they cannot.
+    pub error: Option<String>,
+}
+
+/// What engine mode computed from, beyond the decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineStatus {
+    /// The scale target, e.g. `Deployment worker (apps/v1)`.
+    pub target: Option<String>,
+    /// `cluster` (the target's /scale) or `ownDecision`; none while unknown.
+    pub count_source: Option<String>,
+    /// `spec.replicas` and `status.replicas` as last read, and their age.
+    pub spec_replicas: Option<u32>,
+    pub status_replicas: Option<u32>,
+    pub count_age_seconds: Option<f64>,
+    /// Why the count or the ScaledObject cannot be read.
+    pub count_error: Option<String>,
+    /// Each ScaledObject-level setting: its value and where it came from
+    /// (`metadata`, `scaledObject` or `default`).
+    pub settings: BTreeMap<String, Setting>,
+    /// Where KEDA's or the HPA's own settings limit the engine again.
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Setting {
+    pub value: serde_json::Value,
+    pub source: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,6 +75,8 @@ pub struct ObjectStatus {
     pub cooldown_left_seconds: Option<f64>,
     pub stabilization_left_seconds: Option<f64>,
     pub triggers: Vec<TriggerStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,6 +93,12 @@ pub struct TriggerStatus {
     pub error: Option<String>,
     pub consecutive_failures: u32,
     pub active: Option<bool>,
+    /// The polling interval in force and where it came from (`metadata`,
+    /// `scaledObject` or `default`).
+    #[serde(default)]
+    pub polling_interval_seconds: f64,
+    #[serde(default)]
+    pub polling_interval_source: String,
 }
 
 fn trigger_status(tracked: &Tracked, now: Instant) -> TriggerStatus {
@@ -77,6 +125,69 @@ fn trigger_status(tracked: &Tracked, now: Instant) -> TriggerStatus {
         error,
         consecutive_failures,
         active: tracked.latest().activity().map(|a| tracked.is_active(a)),
+        polling_interval_seconds: tracked.interval().as_secs_f64(),
+        polling_interval_source: if tracked.config.written.contains("pollingInterval") {
+            "metadata"
+        } else if tracked.interval() != tracked.config.polling_interval {
+            "scaledObject"
+        } else {
+            "default"
+        }
+        .into(),
+    }
+}
+
+fn source_name(source: Source) -> &'static str {
+    match source {
+        Source::Metadata => "metadata",
+        Source::ScaledObject => "scaledObject",
+        Source::Default => "default",
+    }
+}
+
+fn engine_status(insight: Insight, wall_now: u64) -> EngineStatus {
+    let rules = insight
+        .rules
+        .as_ref()
+        .and_then(|r| serde_json::to_value(r).ok())
+        .unwrap_or_default();
+    let settings = insight
+        .sources
+        .iter()
+        .map(|(key, source)| {
+            let value = match *key {
+                "fallback" | "behavior" | "minReplicaCount" | "maxReplicaCount"
+                | "cooldownPeriod" | "pollingInterval" => {
+                    rules.get(*key).cloned().unwrap_or_default()
+                }
+                _ => serde_json::Value::Null,
+            };
+            (
+                key.to_string(),
+                Setting {
+                    value,
+                    source: source_name(*source).into(),
+                },
+            )
+        })
+        .collect();
+    EngineStatus {
+        target: insight.target,
+        count_source: insight.count_source.map(|s| {
+            match s {
+                CountSource::Cluster => "cluster",
+                CountSource::OwnDecision => "ownDecision",
+            }
+            .into()
+        }),
+        spec_replicas: insight.observed.map(|o| o.spec_replicas),
+        status_replicas: insight.observed.map(|o| o.status_replicas),
+        count_age_seconds: insight
+            .observed_at
+            .map(|at| wall_now.saturating_sub(at) as f64 / 1000.0),
+        count_error: insight.count_error,
+        settings,
+        warnings: insight.warnings,
     }
 }
 
@@ -106,21 +217,28 @@ pub fn snapshot(driver: &Driver) -> Status {
                 |at: Option<u64>| at.map(|at| at.saturating_sub(wall_now) as f64 / 1000.0);
             match members.iter().find_map(|t| t.scaling.clone()) {
                 Some(scaling) => {
+                    let answer = scaling.answer();
                     let decision = scaling.decision();
                     let state = scaling.state();
+                    let (reason, message) = match &answer {
+                        Some(Answer::Decided(d)) => (format!("{:?}", d.reason), d.message.clone()),
+                        Some(Answer::CountUnknown(why)) => ("CountUnknown".into(), why.clone()),
+                        None => ("NoDecisionYet".into(), String::new()),
+                    };
+                    let insight = scaling.insight();
                     ObjectStatus {
                         namespace,
                         name,
                         mode: "engine".into(),
                         active: decision.as_ref().map(|d| d.active),
-                        current_replicas: Some(state.current_replicas),
+                        current_replicas: insight
+                            .observed
+                            .filter(|_| insight.count_source == Some(CountSource::Cluster))
+                            .map(|o| o.spec_replicas)
+                            .or_else(|| decision.as_ref().map(|_| state.current_replicas)),
                         desired_replicas: decision.as_ref().map(|d| d.replicas),
-                        reason: decision
-                            .as_ref()
-                            .map_or("NoDecisionYet".into(), |d| format!("{:?}", d.reason)),
-                        message: decision
-                            .as_ref()
-                            .map_or_else(String::new, |d| d.message.clone()),
+                        reason,
+                        message,
                         cooldown_left_seconds: seconds_until(
                             decision.as_ref().and_then(|d| d.cooldown_ends),
                         ),
@@ -128,6 +246,7 @@ pub fn snapshot(driver: &Driver) -> Status {
                             decision.as_ref().and_then(|d| d.stabilization_ends),
                         ),
                         triggers,
+                        engine: Some(engine_status(insight, wall_now)),
                     }
                 }
                 None => {
@@ -166,12 +285,19 @@ pub fn snapshot(driver: &Driver) -> Status {
                         cooldown_left_seconds: None,
                         stabilization_left_seconds: None,
                         triggers,
+                        engine: None,
                     }
                 }
             }
         })
         .collect();
-    Status { scaled_objects }
+    Status {
+        scaled_objects,
+        kubernetes: driver.cluster().map(|cluster| KubernetesStatus {
+            server: cluster.server().to_string(),
+            error: cluster.watch_error(),
+        }),
+    }
 }
 
 /// The status as a table for people (`hoist status`).
@@ -251,6 +377,21 @@ pub fn table(status: &Status) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    for object in &status.scaled_objects {
+        let Some(engine) = &object.engine else {
+            continue;
+        };
+        let name = format!("{}/{}", object.namespace, object.name);
+        if object.reason == "CountUnknown" {
+            out.push_str(&format!("{name}: {}\n", object.message));
+        }
+        for warning in &engine.warnings {
+            out.push_str(&format!("{name}: warning: {warning}\n"));
+        }
+    }
+    if let Some(error) = status.kubernetes.as_ref().and_then(|k| k.error.as_ref()) {
+        out.push_str(&format!("kubernetes: {error}\n"));
+    }
     out
 }
 
@@ -270,6 +411,8 @@ mod tests {
             error: error.map(String::from),
             consecutive_failures: u32::from(error.is_some()) * 4,
             active: value.map(|v| v > 0.0),
+            polling_interval_seconds: 30.0,
+            polling_interval_source: "default".into(),
         }
     }
 
@@ -289,6 +432,7 @@ mod tests {
                     cooldown_left_seconds: Some(212.4),
                     stabilization_left_seconds: None,
                     triggers: vec![trigger("redis-jobs", Some(0.0), None)],
+                    engine: None,
                 },
                 ObjectStatus {
                     namespace: "orders".into(),
@@ -302,8 +446,10 @@ mod tests {
                     cooldown_left_seconds: None,
                     stabilization_left_seconds: None,
                     triggers: vec![trigger("redis-mail", None, Some("cannot connect: refused"))],
+                    engine: None,
                 },
             ],
+            kubernetes: None,
         };
         let table = table(&status);
         let expected = "\

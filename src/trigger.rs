@@ -36,6 +36,9 @@ pub struct TriggerConfig {
     pub polling_interval: Duration,
     pub timeout: Duration,
     pub scaling_mode: ScalingMode,
+    /// The engine rule keys the metadata wrote (names of
+    /// `engine::rules::RULE_KEYS`): they win over the ScaledObject's own.
+    pub written: std::collections::BTreeSet<String>,
 }
 
 /// Parses a trigger's whole metadata map as KEDA sends it.
@@ -113,12 +116,45 @@ pub fn parse(
             "must be above 0 in engine mode (the engine divides by it)",
         ));
     }
+    let written = written_rule_keys(&params);
     Ok(TriggerConfig {
         trigger,
         polling_interval,
         timeout,
         scaling_mode,
+        written,
     })
+}
+
+/// Which of the ScaledObject-level settings the metadata writes itself.
+fn written_rule_keys(params: &Params) -> std::collections::BTreeSet<String> {
+    let present = |keys: &[&str]| {
+        keys.iter()
+            .any(|key| params.find(&[key], &[Origin::Metadata]).is_some())
+    };
+    let groups: [(&str, &[&str]); 6] = [
+        ("minReplicaCount", &["minReplicaCount"]),
+        ("maxReplicaCount", &["maxReplicaCount"]),
+        ("cooldownPeriod", &["cooldownPeriod"]),
+        ("pollingInterval", &["pollingInterval"]),
+        (
+            "fallback",
+            &["fallbackFailureThreshold", "fallbackReplicas"],
+        ),
+        (
+            "behavior",
+            &[
+                "behavior",
+                "scaleUpStabilizationWindowSeconds",
+                "scaleDownStabilizationWindowSeconds",
+            ],
+        ),
+    ];
+    groups
+        .iter()
+        .filter(|(_, keys)| present(keys))
+        .map(|(name, _)| name.to_string())
+        .collect()
 }
 
 #[cfg(test)]

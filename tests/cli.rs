@@ -9,6 +9,8 @@ use support::{RedisServer, free_port, http_get, wait_until};
 
 fn hoist(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hoist"))
+        .env("HOIST_STATE_FILE", "")
+        .env("HOIST_KUBERNETES__ENABLED", "false")
         .args(args)
         .env_remove("RUST_LOG")
         .output()
@@ -162,6 +164,8 @@ fn probe_measures_one_trigger_and_shows_what_keda_would_get() {
 async fn serve_runs_until_sigterm_and_then_shuts_down_cleanly() {
     let (grpc, admin) = (free_port(), free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_hoist"))
+        .env("HOIST_STATE_FILE", "")
+        .env("HOIST_KUBERNETES__ENABLED", "false")
         .args(["serve", "--log-format", "json"])
         .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
@@ -222,6 +226,8 @@ async fn interceptor_runs_alone_and_probe_reads_it() {
     .unwrap();
     let _interceptor = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_hoist"))
+            .env("HOIST_STATE_FILE", "")
+            .env("HOIST_KUBERNETES__ENABLED", "false")
             .args(["interceptor", "--config", file.to_str().unwrap()])
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
             .env_remove("RUST_LOG")
@@ -246,6 +252,8 @@ async fn interceptor_runs_alone_and_probe_reads_it() {
 
     let endpoint = format!("HOIST_INTERCEPTOR__ENDPOINTS=127.0.0.1:{admin}");
     let output = Command::new(env!("CARGO_BIN_EXE_hoist"))
+        .env("HOIST_STATE_FILE", "")
+        .env("HOIST_KUBERNETES__ENABLED", "false")
         .args(["probe", "-m", "scaler=http", "-m", "route=web"])
         .env(
             endpoint.split_once('=').unwrap().0,

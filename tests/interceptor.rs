@@ -706,11 +706,9 @@ async fn a_cold_start_at_a_remote_interceptor_is_pushed_at_once() {
 #[tokio::test]
 async fn in_engine_mode_a_cold_start_is_decided_and_pushed_at_once() {
     let upstream_addr = free_addr().await;
-    let hoist = Hoist::start_with(with_routes(
-        vec![http_route("web", "web.test", upstream_addr)],
-        vec![],
-    ))
-    .await;
+    let mut settings = with_routes(vec![http_route("web", "web.test", upstream_addr)], vec![]);
+    settings.engine.assume_applied = true;
+    let hoist = Hoist::start_with(settings).await;
     let scaled = object(
         "web-app",
         &[

@@ -22,8 +22,12 @@ use tracing::{info, warn};
 use poller::Poller;
 pub use poller::Schedule;
 pub use reading::{PollError, Reading};
-pub use scaling::{Clock, Scaling};
+pub use scaling::{
+    Answer, Clock, CountPolicy, CountSource, Counting, HPA_SYNC_MILLIS, Insight, MetadataRules,
+    Scaling,
+};
 
+use crate::cluster::Cluster;
 use crate::config::AuthProfiles;
 use crate::engine::{Decision, Rules};
 use crate::metadata::MetadataError;
@@ -42,6 +46,10 @@ pub struct DriverSettings {
     pub allowed_sources: Vec<SourcePattern>,
     /// hoist's own parts triggers may measure (the interceptor).
     pub context: crate::scalers::Context,
+    /// `engine.assume_applied`: without a known replica count, engines
+    /// compute from their own last decision instead of answering
+    /// `Unavailable`.
+    pub assume_applied: bool,
 }
 
 impl DriverSettings {
@@ -54,6 +62,7 @@ impl DriverSettings {
             max_tracked_triggers: usize::MAX,
             allowed_sources: Vec::new(),
             context: Default::default(),
+            assume_applied: false,
         }
     }
 }
@@ -193,6 +202,7 @@ pub struct Tracked {
     pub scaling: Option<Arc<Scaling>>,
     id: u64,
     readings: watch::Receiver<Reading>,
+    interval_ms: Arc<AtomicU64>,
     last_seen_ms: AtomicU64,
     open_streams: AtomicUsize,
     epoch: Instant,
@@ -234,16 +244,30 @@ impl Tracked {
         }
     }
 
-    /// The engine's latest decision (engine mode); while there is none yet,
+    /// The engine's latest answer (engine mode); while there is none yet,
     /// waits for the first up to the trigger's timeout.
-    pub async fn decision(&self) -> Option<Decision> {
+    pub async fn answer(&self) -> Option<Answer> {
         let scaling = self.scaling.as_ref()?;
-        let mut decisions = scaling.decisions();
-        let first = decisions.wait_for(Option::is_some);
+        let mut answers = scaling.answers();
+        let first = answers.wait_for(Option::is_some);
         match tokio::time::timeout(self.config.timeout, first).await {
-            Ok(Ok(decision)) => decision.clone(),
-            _ => scaling.decision(),
+            Ok(Ok(answer)) => answer.clone(),
+            _ => scaling.answer(),
         }
+    }
+
+    /// The engine's latest decision (engine mode), waiting as [`Tracked::answer`].
+    pub async fn decision(&self) -> Option<Decision> {
+        match self.answer().await? {
+            Answer::Decided(decision) => Some(decision),
+            Answer::CountUnknown(_) => None,
+        }
+    }
+
+    /// The polling interval in force: the trigger's `pollingInterval`, else
+    /// its ScaledObject's, else the default.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms.load(Ordering::Relaxed))
     }
 
     /// A receiver that wakes on every new reading.
@@ -300,6 +324,10 @@ struct Inner {
     /// Engine state restored from `state_file`, waiting for its
     /// ScaledObject to be seen again.
     restored: Mutex<std::collections::BTreeMap<String, crate::engine::State>>,
+    /// The cluster, when engine mode can read it.
+    cluster: std::sync::OnceLock<Arc<Cluster>>,
+    /// Signalled when an engine's decision changes.
+    changed: Arc<tokio::sync::Notify>,
     clock: Clock,
     cancel: CancellationToken,
     next_id: AtomicU64,
@@ -330,6 +358,8 @@ impl Driver {
                 pollers: Mutex::new(HashMap::new()),
                 scalings: Mutex::new(HashMap::new()),
                 restored: Mutex::new(Default::default()),
+                cluster: std::sync::OnceLock::new(),
+                changed: Arc::new(tokio::sync::Notify::new()),
                 clock: Clock::new(),
                 cancel,
                 next_id: AtomicU64::new(1),
@@ -338,6 +368,21 @@ impl Driver {
         };
         tokio::spawn(driver.clone().sweep_idle());
         driver
+    }
+
+    /// Lets engines read replica counts and ScaledObjects from `cluster`
+    /// (before the first trigger is tracked).
+    pub fn set_cluster(&self, cluster: Arc<Cluster>) {
+        let _ = self.inner.cluster.set(cluster);
+    }
+
+    pub fn cluster(&self) -> Option<Arc<Cluster>> {
+        self.inner.cluster.get().cloned()
+    }
+
+    /// Resolves whenever an engine's decision changes: state worth saving.
+    pub fn state_changes(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.changed.clone()
     }
 
     /// The tracked trigger for `key`, parsing its metadata and starting (or
@@ -422,12 +467,18 @@ impl Driver {
                     info!(namespace = %key.namespace, scaled_object = %key.name, "trigger metadata changed: replacing the old trigger");
                     self.forget(&mut triggers, old);
                 }
+                let rules = MetadataRules {
+                    rules: rules.clone(),
+                    written: config.written.clone(),
+                };
                 Some(self.scaling_for(&key, rules, &config.trigger.metric_name)?)
             }
         };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let interval = self.interval_for(&key, &config);
+        let interval_ms = Arc::new(AtomicU64::new(interval.as_millis() as u64));
         let schedule = Schedule {
-            interval: config.polling_interval,
+            interval,
             timeout: config.timeout,
         };
         let query = &config.trigger.query;
@@ -466,8 +517,8 @@ impl Driver {
             scaling.join(
                 id,
                 &trigger.metric_name,
-                trigger.target,
-                trigger.activation_target,
+                (trigger.target, trigger.activation_target),
+                interval_ms.clone(),
                 readings.clone(),
             );
         }
@@ -477,6 +528,7 @@ impl Driver {
             scaling,
             id,
             readings,
+            interval_ms,
             last_seen_ms: AtomicU64::new(0),
             open_streams: AtomicUsize::new(0),
             epoch: self.inner.epoch,
@@ -496,22 +548,22 @@ impl Driver {
     fn scaling_for(
         &self,
         key: &TriggerKey,
-        rules: &Rules,
+        rules: MetadataRules,
         metric: &str,
     ) -> Result<Arc<Scaling>, MetadataError> {
         let mut scalings = self.lock_scalings();
         let object = (key.namespace.clone(), key.name.clone());
         if let Some(scaling) = scalings.get(&object) {
-            if scaling.rules() != *rules {
+            if scaling.rules() != rules {
                 // The newest metadata wins: the ScaledObject was edited and
                 // its other triggers will follow on their next call.
                 info!(
                     namespace = %key.namespace,
                     scaled_object = %key.name,
-                    changed = %first_difference(&scaling.rules(), rules),
+                    changed = %first_difference(&scaling.rules().rules, &rules.rules),
                     "engine rules changed"
                 );
-                scaling.set_rules(rules.clone());
+                scaling.set_rules(rules);
             }
             if scaling.has_trigger(metric) {
                 return Err(MetadataError::invalid(
@@ -535,14 +587,24 @@ impl Driver {
         if restored.is_some() {
             info!(namespace = %key.namespace, scaled_object = %key.name, "engine state restored");
         }
-        let scaling = Scaling::start(
-            &key.namespace,
-            &key.name,
-            rules.clone(),
-            restored.unwrap_or_default(),
-            self.inner.clock,
-            self.inner.cancel.child_token(),
-        );
+        let counting = match self.cluster() {
+            Some(cluster) => Counting::Cluster(cluster),
+            None => Counting::OwnDecisions,
+        };
+        let scaling = Scaling::start(scaling::Start {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            rules,
+            policy: CountPolicy {
+                assume_applied: self.inner.settings.assume_applied,
+                restored: restored.is_some(),
+            },
+            state: restored.unwrap_or_default(),
+            counting,
+            clock: self.inner.clock,
+            changed: self.inner.changed.clone(),
+            cancel: self.inner.cancel.child_token(),
+        });
         scalings.insert(object, scaling.clone());
         Ok(scaling)
     }
@@ -662,6 +724,58 @@ impl Driver {
         }
     }
 
+    /// A trigger's polling interval: its own `pollingInterval`, else its
+    /// ScaledObject's `spec.pollingInterval` (KEDA's built-in scalers are
+    /// polled at that cadence, and KEDA never sends it to an external
+    /// scaler), else the scaler's or hoist's default.
+    fn interval_for(&self, key: &TriggerKey, config: &TriggerConfig) -> Duration {
+        if config.written.contains("pollingInterval") {
+            return config.polling_interval;
+        }
+        self.cluster()
+            .and_then(|cluster| cluster.scaled_object(&key.namespace, &key.name).ok())
+            .and_then(|object| object.settings.polling_interval)
+            .filter(|seconds| (1..=crate::engine::rules::MAX_POLLING_INTERVAL).contains(seconds))
+            .map_or(config.polling_interval, Duration::from_secs)
+    }
+
+    /// Follows edits of ScaledObjects' `pollingInterval`: re-schedules the
+    /// pollers of triggers that take it.
+    pub fn refresh_intervals(&self) {
+        if self.cluster().is_none() {
+            return;
+        }
+        let triggers = self.read_triggers();
+        for tracked in triggers.values() {
+            let interval = self.interval_for(&tracked.key, &tracked.config);
+            if interval == tracked.interval() {
+                continue;
+            }
+            info!(
+                namespace = %tracked.key.namespace,
+                scaled_object = %tracked.key.name,
+                interval = ?interval,
+                "polling interval changed"
+            );
+            tracked
+                .interval_ms
+                .store(interval.as_millis() as u64, Ordering::Relaxed);
+            let query = &tracked.config.trigger.query;
+            if let Some(poller) = self.lock_pollers().get_mut(&query.key) {
+                poller.subscribe(
+                    tracked.id,
+                    Schedule {
+                        interval,
+                        timeout: tracked.config.timeout,
+                    },
+                );
+            }
+            if let Some(scaling) = &tracked.scaling {
+                scaling.poke();
+            }
+        }
+    }
+
     async fn sweep_idle(self) {
         let every = (self.inner.settings.idle_after / 10)
             .clamp(Duration::from_secs(1), Duration::from_secs(60));
@@ -670,7 +784,10 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = self.inner.cancel.cancelled() => return,
-                _ = ticks.tick() => { self.evict_idle(); }
+                _ = ticks.tick() => {
+                    self.evict_idle();
+                    self.refresh_intervals();
+                }
             }
         }
     }

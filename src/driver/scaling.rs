@@ -1,15 +1,28 @@
-//! Engine-mode ScaledObjects: one engine per ScaledObject, evaluated on
-//! every new reading of any of its triggers and when a cooldown ends.
+//! Engine-mode ScaledObjects: one engine per ScaledObject, evaluated once
+//! per interval on its triggers' newest readings and the target's real
+//! replica count, at once from zero, and when a cooldown ends.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use serde::Serialize;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::reading::Reading;
-use crate::engine::{self, Decision, Millis, Observation, Rules};
+use crate::cluster::{Cluster, ObjectEvent, ScaleTarget, ScaledObjectView};
+use crate::engine::rules::Source;
+use crate::engine::{self, Decision, Millis, Observation, Observed, Rules};
+
+/// The HPA controller's sync period: with a `behavior`, its rate policies
+/// are counted per sync, so the engine evaluates at least this often.
+pub const HPA_SYNC_MILLIS: Millis = 15_000;
+
+/// How often a warning Event about the same problem is posted again.
+const WARNING_EVENT_EVERY: Millis = 30 * 60 * 1000;
 
 /// Maps the driver's monotonic instants to the engine's wall-clock
 /// milliseconds (so saved engine state stays meaningful across restarts).
@@ -49,71 +62,173 @@ impl Default for Clock {
     }
 }
 
+/// Where an engine learns how many replicas run.
+#[derive(Clone)]
+pub enum Counting {
+    /// The target's `/scale` subresource, read at most once per interval.
+    Cluster(Arc<Cluster>),
+    /// No cluster access: the engine's own last decision, assumed applied.
+    OwnDecisions,
+}
+
+/// How an engine may count when the real count is unknown.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountPolicy {
+    /// `engine.assume_applied`: compute from the engine's own last
+    /// decision instead of answering `Unavailable`.
+    pub assume_applied: bool,
+    /// A saved state covers this ScaledObject (its last count is known).
+    pub restored: bool,
+}
+
+/// What the engine tells KEDA.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Decided(Decision),
+    /// The current replica count cannot be known: answering with a count
+    /// could shrink a running app, so KEDA is told `Unavailable` and keeps
+    /// the count it has.
+    CountUnknown(String),
+}
+
+/// Where the engine's current count came from, for `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CountSource {
+    /// The target's `/scale`, read from the cluster.
+    Cluster,
+    /// The engine's own last decision (no cluster access, a saved state,
+    /// or `engine.assume_applied`).
+    OwnDecision,
+}
+
+/// What `/status` shows of an engine beyond its decision.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Insight {
+    /// The scale target, when the ScaledObject was read.
+    pub target: Option<String>,
+    /// The last counts read from the cluster, and how old they are.
+    pub observed: Option<Observed>,
+    pub observed_at: Option<Millis>,
+    pub count_source: Option<CountSource>,
+    /// Why the count (or the ScaledObject) cannot be read, while it cannot.
+    pub count_error: Option<String>,
+    /// Each rule setting's value source, by its ScaledObject name.
+    pub sources: BTreeMap<&'static str, Source>,
+    /// The rules in force (metadata, then the ScaledObject, then defaults).
+    pub rules: Option<Rules>,
+    /// Where KEDA's or the HPA's own settings limit the engine again.
+    pub warnings: Vec<String>,
+}
+
 struct Member {
     id: u64,
     trigger: String,
     target: f64,
     activation_target: f64,
+    /// The trigger's polling interval in force (ms); the driver updates it
+    /// when the ScaledObject's `pollingInterval` changes.
+    interval: Arc<AtomicU64>,
     readings: watch::Receiver<Reading>,
     forwarder: tokio::task::AbortHandle,
+}
+
+/// Reads of the target's count.
+#[derive(Default)]
+struct CountReads {
+    last: Option<(Observed, Millis)>,
+    last_attempt: Option<Millis>,
+    /// The first failed read since the last good one.
+    failing_since: Option<Millis>,
+    error: Option<String>,
+}
+
+/// The rules a ScaledObject's triggers wrote in their metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetadataRules {
+    pub rules: Rules,
+    /// The rule keys the metadata set (see `engine::rules::RULE_KEYS`).
+    pub written: BTreeSet<String>,
 }
 
 /// The engine of one ScaledObject and the triggers feeding it.
 pub struct Scaling {
     pub namespace: String,
     pub name: String,
-    rules: Mutex<Rules>,
+    rules: Mutex<MetadataRules>,
     state: Mutex<engine::State>,
-    decisions: watch::Sender<Option<Decision>>,
+    answers: watch::Sender<Option<Answer>>,
     members: Mutex<Vec<Member>>,
+    counting: Counting,
+    policy: CountPolicy,
+    reads: Mutex<CountReads>,
+    insight: Mutex<Insight>,
+    /// Warnings last posted as an Event, and when.
+    warned: Mutex<(Vec<String>, Millis)>,
+    /// Signalled when a decision changes (state worth saving).
+    changed: Arc<Notify>,
     wake: Arc<Notify>,
     cancel: CancellationToken,
 }
 
+/// Everything an engine starts with.
+pub struct Start {
+    pub namespace: String,
+    pub name: String,
+    pub rules: MetadataRules,
+    pub state: engine::State,
+    pub counting: Counting,
+    pub policy: CountPolicy,
+    pub clock: Clock,
+    pub changed: Arc<Notify>,
+    pub cancel: CancellationToken,
+}
+
 impl Scaling {
-    pub fn start(
-        namespace: &str,
-        name: &str,
-        rules: Rules,
-        state: engine::State,
-        clock: Clock,
-        cancel: CancellationToken,
-    ) -> Arc<Self> {
+    pub fn start(start: Start) -> Arc<Self> {
         let scaling = Arc::new(Self {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            rules: Mutex::new(rules),
-            state: Mutex::new(state),
-            decisions: watch::channel(None).0,
+            namespace: start.namespace,
+            name: start.name,
+            rules: Mutex::new(start.rules),
+            state: Mutex::new(start.state),
+            answers: watch::channel(None).0,
             members: Mutex::new(Vec::new()),
+            counting: start.counting,
+            policy: start.policy,
+            reads: Mutex::new(CountReads::default()),
+            insight: Mutex::new(Insight::default()),
+            warned: Mutex::new((Vec::new(), 0)),
+            changed: start.changed,
             wake: Arc::new(Notify::new()),
-            cancel,
+            cancel: start.cancel,
         });
-        tokio::spawn(scaling.clone().run(clock));
+        tokio::spawn(scaling.clone().run(start.clock));
         scaling
     }
 
-    pub fn rules(&self) -> Rules {
-        self.rules.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The rules the triggers' metadata wrote (before the ScaledObject's).
+    pub fn rules(&self) -> MetadataRules {
+        lock(&self.rules).clone()
     }
 
     /// Replaces the rules; the state (windows, cooldown) carries over.
-    pub fn set_rules(&self, rules: Rules) {
-        *self.rules.lock().unwrap_or_else(|e| e.into_inner()) = rules;
+    pub fn set_rules(&self, rules: MetadataRules) {
+        *lock(&self.rules) = rules;
         self.wake.notify_one();
     }
 
     /// Whether a trigger reporting `metric` already feeds this engine.
     pub fn has_trigger(&self, metric: &str) -> bool {
-        self.lock_members().iter().any(|m| m.trigger == metric)
+        lock(&self.members).iter().any(|m| m.trigger == metric)
     }
 
     pub fn join(
         &self,
         id: u64,
         trigger: &str,
-        target: f64,
-        activation_target: f64,
+        (target, activation_target): (f64, f64),
+        interval: Arc<AtomicU64>,
         readings: watch::Receiver<Reading>,
     ) {
         let wake = self.wake.clone();
@@ -124,11 +239,12 @@ impl Scaling {
             }
         })
         .abort_handle();
-        self.lock_members().push(Member {
+        lock(&self.members).push(Member {
             id,
             trigger: trigger.to_string(),
             target,
             activation_target,
+            interval,
             readings,
             forwarder,
         });
@@ -137,7 +253,7 @@ impl Scaling {
 
     /// Removes a trigger; returns true when none is left.
     pub fn leave(&self, id: u64) -> bool {
-        let mut members = self.lock_members();
+        let mut members = lock(&self.members);
         members.retain(|member| {
             if member.id == id {
                 member.forwarder.abort();
@@ -149,30 +265,67 @@ impl Scaling {
 
     pub fn stop(&self) {
         self.cancel.cancel();
-        for member in self.lock_members().iter() {
+        for member in lock(&self.members).iter() {
             member.forwarder.abort();
         }
     }
 
-    /// The latest decision, if any.
-    pub fn decision(&self) -> Option<Decision> {
-        self.decisions.borrow().clone()
+    /// Wakes the engine (an interval of one of its triggers changed).
+    pub fn poke(&self) {
+        self.wake.notify_one();
     }
 
-    pub fn decisions(&self) -> watch::Receiver<Option<Decision>> {
-        self.decisions.subscribe()
+    /// The latest answer, if any.
+    pub fn answer(&self) -> Option<Answer> {
+        self.answers.borrow().clone()
+    }
+
+    /// The latest decision, if any (also while the count is unknown: the
+    /// last one made).
+    pub fn decision(&self) -> Option<Decision> {
+        match self.answer()? {
+            Answer::Decided(decision) => Some(decision),
+            Answer::CountUnknown(_) => None,
+        }
+    }
+
+    pub fn answers(&self) -> watch::Receiver<Option<Answer>> {
+        self.answers.subscribe()
     }
 
     /// A copy of the engine's state.
     pub fn state(&self) -> engine::State {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.state).clone()
     }
 
-    /// Evaluates once per polling interval on the newest readings, as the
-    /// HPA does on its own period however many metrics it has: a reading
-    /// arriving early waits for the interval to complete. Two exceptions:
-    /// at zero replicas a new reading is evaluated at once (scale from zero
-    /// without delay), and a cooldown's end is evaluated when it comes.
+    pub fn insight(&self) -> Insight {
+        lock(&self.insight).clone()
+    }
+
+    /// The evaluation interval: the smallest of the triggers' polling
+    /// intervals (whatever order they were tracked in), and with a
+    /// `behavior` at most the HPA's sync period.
+    fn interval(&self, rules: &Rules) -> Millis {
+        let smallest = lock(&self.members)
+            .iter()
+            .map(|m| m.interval.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(rules.polling_interval.saturating_mul(1000))
+            .max(1);
+        if rules.behavior.is_some() {
+            smallest.min(HPA_SYNC_MILLIS)
+        } else {
+            smallest
+        }
+    }
+
+    /// Evaluates once per interval on the newest readings, as the HPA does
+    /// on its own period however many metrics it has: a reading arriving
+    /// early waits for the interval to complete. Exceptions: at zero
+    /// replicas a new reading is evaluated at once (scale from zero without
+    /// delay), a cooldown's end is evaluated when it comes, and with a
+    /// `behavior` the engine evaluates every interval even without new
+    /// readings (rate policies count per HPA sync).
     async fn run(self: Arc<Self>, clock: Clock) {
         let mut last: Option<Millis> = None;
         let mut pending = false;
@@ -189,7 +342,10 @@ impl Scaling {
                 } => {}
             }
             let now = clock.now();
-            let interval = self.rules().polling_interval.saturating_mul(1000);
+            let (interval, periodic) = {
+                let rules = self.current_rules();
+                (self.interval(&rules), rules.behavior.is_some())
+            };
             let decision = self.decision();
             let at_zero = decision.as_ref().is_none_or(|d| d.replicas == 0);
             let cooldown_over = decision
@@ -197,25 +353,107 @@ impl Scaling {
                 .and_then(|d| d.cooldown_ends)
                 .is_some_and(|end| now >= end);
             let interval_over = last.is_none_or(|at| now >= at.saturating_add(interval));
-            if (pending && (interval_over || at_zero)) || cooldown_over {
-                if let Some(decision) = self.evaluate(&clock) {
+            let wanted = pending || (periodic && last.is_some());
+            if (wanted && (interval_over || at_zero)) || cooldown_over {
+                if let Some(answer) = self.evaluate(&clock, interval).await {
                     last = Some(now);
-                    pending = false;
-                    deadline = decision.cooldown_ends;
+                    // An unknown count is asked again next interval.
+                    pending = matches!(answer, Answer::CountUnknown(_));
                 }
-            } else if pending {
-                // Keep an earlier cooldown end: it must not wait a whole interval.
-                let next_interval = last.map(|at| at.saturating_add(interval));
-                let cooldown_end = decision.as_ref().and_then(|d| d.cooldown_ends);
-                deadline = next_interval.into_iter().chain(cooldown_end).min();
             }
+            // The next interval (when something waits for it), or an
+            // earlier cooldown end: it must not wait a whole interval.
+            let next_interval = last
+                .filter(|_| pending || periodic)
+                .map(|at| at.saturating_add(interval));
+            let cooldown_end = self.decision().and_then(|d| d.cooldown_ends);
+            deadline = next_interval.into_iter().chain(cooldown_end).min();
         }
     }
 
-    /// Runs the engine on every trigger's latest reading.
-    fn evaluate(&self, clock: &Clock) -> Option<Decision> {
-        let readings: Vec<engine::Reading> = self
-            .lock_members()
+    /// The metadata rules completed by the ScaledObject's settings, as far
+    /// as they are known now (no I/O: the watch's store).
+    fn current_rules(&self) -> Rules {
+        let metadata = self.rules();
+        let object = self.object().ok();
+        metadata
+            .rules
+            .with_object(&metadata.written, object.as_ref().map(|o| &o.settings))
+            .0
+    }
+
+    fn object(&self) -> Result<ScaledObjectView, String> {
+        match &self.counting {
+            Counting::Cluster(cluster) => cluster
+                .scaled_object(&self.namespace, &self.name)
+                .map_err(|e| e.to_string()),
+            Counting::OwnDecisions => Err("no cluster access".into()),
+        }
+    }
+
+    /// Runs the engine on every trigger's latest reading and the current
+    /// count; `None` while no trigger has a reading yet.
+    async fn evaluate(&self, clock: &Clock, interval: Millis) -> Option<Answer> {
+        let metadata = self.rules();
+        let object = self.object();
+        let (mut rules, sources) = metadata
+            .rules
+            .with_object(&metadata.written, object.as_ref().ok().map(|o| &o.settings));
+        rules.polling_interval = interval.div_ceil(1000).max(1);
+        let readings = self.readings(clock);
+        if readings.is_empty() {
+            return None;
+        }
+        let warnings = object
+            .as_ref()
+            .map(|o| o.relimits(&rules))
+            .unwrap_or_default();
+        let counted = self.count(clock, interval, &object).await;
+        let now = clock.now();
+        {
+            let reads = lock(&self.reads);
+            let mut insight = lock(&self.insight);
+            *insight = Insight {
+                target: object.as_ref().ok().map(|o| describe(&o.target)),
+                observed: reads.last.map(|(o, _)| o),
+                observed_at: reads.last.map(|(_, at)| at),
+                count_source: counted.as_ref().ok().map(|c| match c {
+                    Some(_) => CountSource::Cluster,
+                    None => CountSource::OwnDecision,
+                }),
+                count_error: reads.error.clone().or_else(|| {
+                    // No cluster: say why the count is the engine's own.
+                    counted.as_ref().err().cloned()
+                }),
+                sources,
+                rules: Some(rules.clone()),
+                warnings: warnings.clone(),
+            };
+        }
+        if let Err(reason) = rules.validate() {
+            let answer = Answer::CountUnknown(format!(
+                "the rules from trigger metadata and the ScaledObject do not fit together: {reason}"
+            ));
+            return Some(self.publish(answer, None, &object));
+        }
+        let observed = match counted {
+            Ok(observed) => observed,
+            Err(reason) => {
+                return Some(self.publish(Answer::CountUnknown(reason), None, &object));
+            }
+        };
+        let decision = {
+            let mut state = lock(&self.state);
+            engine::decide_observed(&mut state, &rules, &readings, now, observed)
+        };
+        self.post_warnings(&object, warnings, now);
+        let previous = self.decision();
+        Some(self.publish(Answer::Decided(decision), previous, &object))
+    }
+
+    /// The triggers' latest readings, for the engine.
+    fn readings(&self, clock: &Clock) -> Vec<engine::Reading> {
+        lock(&self.members)
             .iter()
             .filter_map(|member| {
                 let (value, activity, at) = match &*member.readings.borrow() {
@@ -242,34 +480,186 @@ impl Scaling {
                     at: clock.wall(at),
                 })
             })
-            .collect();
-        if readings.is_empty() {
-            return None;
-        }
-        let decision = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            engine::decide(&mut state, &self.rules(), &readings, clock.now())
-        };
-        let previous = self.decision();
-        if previous
-            .as_ref()
-            .is_none_or(|p| p.replicas != decision.replicas || p.active != decision.active)
-        {
-            info!(
-                namespace = %self.namespace,
-                scaled_object = %self.name,
-                replicas = decision.replicas,
-                active = decision.active,
-                reason = ?decision.reason,
-                message = %decision.message,
-                "engine decision"
-            );
-        }
-        self.decisions.send_replace(Some(decision.clone()));
-        Some(decision)
+            .collect()
     }
 
-    fn lock_members(&self) -> std::sync::MutexGuard<'_, Vec<Member>> {
-        self.members.lock().unwrap_or_else(|e| e.into_inner())
+    /// The current count: `Ok(Some)` read from the cluster, `Ok(None)` the
+    /// engine's own last decision, `Err` unknown (and why).
+    async fn count(
+        &self,
+        clock: &Clock,
+        interval: Millis,
+        object: &Result<ScaledObjectView, String>,
+    ) -> Result<Option<Observed>, String> {
+        let Counting::Cluster(cluster) = &self.counting else {
+            return if self.policy.assume_applied || self.policy.restored {
+                Ok(None)
+            } else {
+                Err(format!(
+                    "engine mode cannot know how many replicas ScaledObject {}/{} runs: \
+                     Kubernetes access is off or no configuration was found (kubernetes.enabled) \
+                     and no saved state covers it; give hoist cluster access, or set \
+                     engine.assume_applied = true to compute from hoist's own last decision",
+                    self.namespace, self.name
+                ))
+            };
+        };
+        let now = clock.now();
+        let due = lock(&self.reads)
+            .last_attempt
+            .is_none_or(|at| now >= at.saturating_add(interval));
+        if due {
+            lock(&self.reads).last_attempt = Some(now);
+            let result = match object {
+                Ok(object) => cluster
+                    .read_scale(&self.namespace, &object.target)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(reason) => Err(reason.clone()),
+            };
+            let mut reads = lock(&self.reads);
+            match result {
+                Ok(observed) => {
+                    if reads.error.take().is_some() {
+                        info!(namespace = %self.namespace, scaled_object = %self.name, "replica count readable again");
+                    }
+                    reads.last = Some((observed, now));
+                    reads.failing_since = None;
+                }
+                Err(error) => {
+                    if reads.error.as_deref() != Some(error.as_str()) {
+                        warn!(namespace = %self.namespace, scaled_object = %self.name, %error, "cannot read the replica count");
+                    }
+                    reads.failing_since.get_or_insert(now);
+                    reads.error = Some(error);
+                }
+            }
+        }
+        let reads = lock(&self.reads);
+        // The last known count serves for one interval of failures.
+        let failing_long = reads
+            .failing_since
+            .is_some_and(|since| now >= since.saturating_add(interval));
+        match (&reads.last, failing_long) {
+            (Some((observed, _)), false) => Ok(Some(*observed)),
+            (None, false) if self.policy.restored => Ok(None),
+            _ if self.policy.assume_applied => Ok(None),
+            _ => Err(format!(
+                "the replica count of ScaledObject {}/{} is unknown: {}",
+                self.namespace,
+                self.name,
+                reads.error.as_deref().unwrap_or("not read yet")
+            )),
+        }
     }
+
+    /// Publishes an answer; logs, signals and posts an Event when the
+    /// count or activity changed.
+    fn publish(
+        &self,
+        answer: Answer,
+        previous: Option<Decision>,
+        object: &Result<ScaledObjectView, String>,
+    ) -> Answer {
+        let changed = match (&answer, &previous) {
+            (Answer::Decided(decision), Some(previous)) => {
+                previous.replicas != decision.replicas || previous.active != decision.active
+            }
+            (Answer::Decided(_), None) => true,
+            (Answer::CountUnknown(reason), _) => {
+                !matches!(self.answer(), Some(Answer::CountUnknown(ref old)) if old == reason)
+            }
+        };
+        if changed {
+            match &answer {
+                Answer::Decided(decision) => {
+                    info!(
+                        namespace = %self.namespace,
+                        scaled_object = %self.name,
+                        replicas = decision.replicas,
+                        active = decision.active,
+                        reason = ?decision.reason,
+                        message = %decision.message,
+                        "engine decision"
+                    );
+                    if let (Some(previous), Counting::Cluster(cluster), Ok(object)) =
+                        (&previous, &self.counting, object)
+                        && previous.replicas != decision.replicas
+                    {
+                        cluster.post_event(
+                            object,
+                            ObjectEvent {
+                                warning: false,
+                                reason: "SuccessfulRescale",
+                                action: "Scale",
+                                note: format!(
+                                    "New size: {}; reason: {} ({:?}; was {})",
+                                    decision.replicas,
+                                    decision.message,
+                                    decision.reason,
+                                    previous.replicas
+                                ),
+                            },
+                        );
+                    }
+                }
+                Answer::CountUnknown(reason) => {
+                    warn!(namespace = %self.namespace, scaled_object = %self.name, %reason, "answering Unavailable");
+                    if let (Counting::Cluster(cluster), Ok(object)) = (&self.counting, object) {
+                        cluster.post_event(
+                            object,
+                            ObjectEvent {
+                                warning: true,
+                                reason: "ReplicaCountUnknown",
+                                action: "Scale",
+                                note: reason.clone(),
+                            },
+                        );
+                    }
+                }
+            }
+            self.changed.notify_one();
+        }
+        self.answers.send_replace(Some(answer.clone()));
+        answer
+    }
+
+    /// Posts the warnings as an Event when they change, and again every
+    /// half hour while they last.
+    fn post_warnings(
+        &self,
+        object: &Result<ScaledObjectView, String>,
+        warnings: Vec<String>,
+        now: Millis,
+    ) {
+        let (Counting::Cluster(cluster), Ok(object)) = (&self.counting, object) else {
+            return;
+        };
+        let mut warned = lock(&self.warned);
+        let due = warned.0 != warnings || now >= warned.1.saturating_add(WARNING_EVENT_EVERY);
+        if warnings.is_empty() || !due {
+            if warnings.is_empty() {
+                warned.0.clear();
+            }
+            return;
+        }
+        cluster.post_event(
+            object,
+            ObjectEvent {
+                warning: true,
+                reason: "EngineLimitedByScaledObject",
+                action: "Scale",
+                note: warnings.join("; "),
+            },
+        );
+        *warned = (warnings, now);
+    }
+}
+
+fn describe(target: &ScaleTarget) -> String {
+    format!("{} {} ({})", target.kind, target.name, target.api_version)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

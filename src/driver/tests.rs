@@ -11,6 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use super::Answer;
 use super::*;
 use crate::scalers::{Measurement, ObserveError, Query, Source, Trigger};
 use crate::trigger::ScalingMode;
@@ -44,14 +45,23 @@ impl Source for Counter {
 }
 
 fn driver(idle_after: Duration) -> Driver {
+    driver_assuming(idle_after, true)
+}
+
+/// `assume_applied`: engines count from their own decisions (these tests
+/// are about the rules; counting has tests of its own).
+fn driver_assuming(idle_after: Duration, assume_applied: bool) -> Driver {
     Driver::new(
-        DriverSettings::unlimited(
-            Defaults {
-                polling_interval: Duration::from_secs(30),
-                timeout: Duration::from_secs(3),
-            },
-            idle_after,
-        ),
+        DriverSettings {
+            assume_applied,
+            ..DriverSettings::unlimited(
+                Defaults {
+                    polling_interval: Duration::from_secs(30),
+                    timeout: Duration::from_secs(3),
+                },
+                idle_after,
+            )
+        },
         AuthProfiles::default(),
         Arc::new(Metrics::new()),
         CancellationToken::new(),
@@ -77,6 +87,7 @@ fn config(source: &Arc<Counter>, query_key: &str, interval_s: u64) -> TriggerCon
         polling_interval: Duration::from_secs(interval_s),
         timeout: Duration::from_secs(3),
         scaling_mode: ScalingMode::Passthrough,
+        written: Default::default(),
     }
 }
 
@@ -321,6 +332,7 @@ fn engine_config(source: Arc<Gauge>, metric: &str, rules: crate::engine::Rules) 
         polling_interval: Duration::from_secs(rules.polling_interval),
         timeout: Duration::from_secs(3),
         scaling_mode: ScalingMode::Engine(rules),
+        written: Default::default(),
     }
 }
 
@@ -391,7 +403,13 @@ async fn engine_mode_decides_per_scaled_object_on_every_poll() {
         .unwrap();
     assert_eq!(driver.tracked().len(), 2, "the superseded trigger is gone");
     assert_eq!(
-        edited.scaling.as_ref().unwrap().rules().max_replica_count,
+        edited
+            .scaling
+            .as_ref()
+            .unwrap()
+            .rules()
+            .rules
+            .max_replica_count,
         12
     );
     advance(Duration::from_secs(31)).await;
@@ -422,4 +440,126 @@ impl TriggerKey {
         self.metadata.push(("marker".into(), marker.into()));
         Self::from_parts(self.namespace, self.name, self.metadata)
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_cluster_or_saved_state_the_count_is_unknown_not_zero() {
+    let driver = driver_assuming(Duration::from_secs(3600), false);
+    let queue = Arc::new(Gauge::default());
+    queue.set(50.0);
+    let tracked = driver
+        .track_parsed(
+            key("worker"),
+            engine_config(queue.clone(), "queue", crate::engine::Rules::default()),
+        )
+        .unwrap();
+    let Some(Answer::CountUnknown(reason)) = tracked.answer().await else {
+        panic!("no count known: the engine must not answer with one");
+    };
+    assert!(reason.contains("engine.assume_applied"), "{reason}");
+    assert!(tracked.decision().await.is_none());
+
+    // A saved state covers the ScaledObject: its count (10) is the start.
+    let restarted = driver_assuming(Duration::from_secs(3600), false);
+    let mut snapshot = crate::persist::Snapshot {
+        version: crate::persist::VERSION,
+        ..Default::default()
+    };
+    snapshot.scaled_objects.insert(
+        crate::persist::key("default", "worker"),
+        crate::engine::State {
+            current_replicas: 10,
+            active: true,
+            last_active: Some(restarted.clock().now()),
+            ..Default::default()
+        },
+    );
+    restarted.restore(snapshot);
+    queue.set(0.0);
+    let tracked = restarted
+        .track_parsed(
+            key("worker"),
+            engine_config(queue, "queue", crate::engine::Rules::default()),
+        )
+        .unwrap();
+    let decision = tracked
+        .decision()
+        .await
+        .expect("a decision from the saved count");
+    assert_eq!(
+        decision.replicas, 10,
+        "idle, but the scale-down window and cooldown hold the saved count"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn mixed_intervals_evaluate_at_the_smallest_whatever_the_order() {
+    for order in [[30u64, 15], [15, 30]] {
+        let driver = driver(Duration::from_secs(3600));
+        let mut tracked = Vec::new();
+        let mut gauges = Vec::new();
+        for (i, interval) in order.iter().enumerate() {
+            let gauge = Arc::new(Gauge::default());
+            gauge.set(50.0);
+            let rules = crate::engine::Rules {
+                max_replica_count: 40,
+                polling_interval: *interval,
+                ..Default::default()
+            };
+            let metric = format!("m{i}");
+            tracked.push(
+                driver
+                    .track_parsed(
+                        key("mixed").with_metadata(&metric),
+                        engine_config(gauge.clone(), &metric, rules),
+                    )
+                    .unwrap(),
+            );
+            gauges.push(gauge);
+        }
+        let scaling = tracked[0].scaling.clone().unwrap();
+        let mut seen = vec![tracked[0].decision().await.unwrap().replicas];
+        // 46 s: evaluations at 15 s steps give 1 → 4 → 8 → 10.
+        for _ in 0..46 {
+            advance(Duration::from_secs(1)).await;
+            let now = scaling.decision().unwrap().replicas;
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+        }
+        assert_eq!(seen, [1, 4, 8, 10], "intervals {order:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_behavior_the_engine_evaluates_at_the_hpa_sync_period() {
+    let driver = driver(Duration::from_secs(3600));
+    let rules = crate::engine::Rules {
+        max_replica_count: 100,
+        behavior: Some(
+            serde_json::from_str(
+                r#"{"scaleUp":{"policies":[{"type":"Pods","value":4,"periodSeconds":15}]}}"#,
+            )
+            .unwrap(),
+        ),
+        ..Default::default()
+    };
+    let queue = Arc::new(Gauge::default());
+    queue.set(500.0);
+    let tracked = driver
+        .track_parsed(key("burst"), engine_config(queue, "queue", rules))
+        .unwrap();
+    assert_eq!(tracked.decision().await.unwrap().replicas, 1);
+    // One 30 s poll, two HPA syncs: +4 each, as the HPA would allow.
+    advance(Duration::from_millis(30_100)).await;
+    assert_eq!(
+        tracked
+            .scaling
+            .as_ref()
+            .unwrap()
+            .decision()
+            .unwrap()
+            .replicas,
+        9
+    );
 }

@@ -163,8 +163,37 @@ pub struct Decision {
     pub stabilization_ends: Option<Millis>,
 }
 
-/// Evaluates the rules on the latest readings at `now`, updating `state`.
+/// The scale target's replica counts as the cluster reports them (its
+/// `/scale` subresource), which the HPA computes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Observed {
+    /// `spec.replicas`: the current count the HPA's limits and steps use.
+    pub spec_replicas: u32,
+    /// `status.replicas`: what the HPA's usage ratio of an external
+    /// AverageValue metric divides by (`GetExternalPerPodMetricReplicas`).
+    pub status_replicas: u32,
+}
+
+/// Evaluates the rules on the latest readings at `now`, updating `state`,
+/// with the engine's own last decision as the current count.
 pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Millis) -> Decision {
+    decide_observed(state, rules, readings, now, None)
+}
+
+/// [`decide`] from the cluster's real counts when `observed` is given:
+/// the HPA and ACA compute from what runs, not from what was last asked.
+pub fn decide_observed(
+    state: &mut State,
+    rules: &Rules,
+    readings: &[Reading],
+    now: Millis,
+    observed: Option<Observed>,
+) -> Decision {
+    if let Some(observed) = observed {
+        state.current_replicas = observed.spec_replicas;
+    }
+    let ratio_replicas = observed.map_or(state.current_replicas, |o| o.status_replicas);
     let cooldown = rules.cooldown_period.saturating_mul(1000);
     let next_poll = now.saturating_add(rules.polling_interval.saturating_mul(1000));
 
@@ -250,8 +279,15 @@ pub fn decide(state: &mut State, rules: &Rules, readings: &[Reading], now: Milli
             false,
         )
     } else {
-        let (replicas, reason, message) =
-            scale_from(state, rules, current, &values, &errors, &fallback_due, now);
+        let (replicas, reason, message) = scale_from(
+            state,
+            rules,
+            (current, ratio_replicas),
+            &values,
+            &errors,
+            &fallback_due,
+            now,
+        );
         let (reason, message) = match reason {
             // Only the cooldown keeps the last replica(s) running.
             Reason::TooFewReplicas | Reason::ScaleDownStabilized
@@ -350,11 +386,12 @@ fn failing(errors: &[&Reading]) -> String {
     )
 }
 
-/// The HPA part for a ScaledObject at one or more replicas.
+/// The HPA part for a ScaledObject at one or more replicas; `counts` is
+/// (spec replicas, status replicas).
 fn scale_from(
     state: &mut State,
     rules: &Rules,
-    current: u32,
+    (current, ratio_replicas): (u32, u32),
     values: &[(&Reading, f64)],
     errors: &[&Reading],
     fallback_due: &BTreeSet<String>,
@@ -363,6 +400,7 @@ fn scale_from(
     let up = rules.scale_up();
     let down = rules.scale_down();
     let current = current.min(i32::MAX as u32) as i32;
+    let ratio_replicas = ratio_replicas.min(i32::MAX as u32) as i32;
     let args = HpaArgs {
         current,
         min: rules.min_replica_count.max(1) as i32,
@@ -378,7 +416,7 @@ fn scale_from(
             Some(hpa::average_value_proposal(
                 *value,
                 reading.target,
-                current,
+                ratio_replicas,
                 down.tolerance,
                 up.tolerance,
             ))

@@ -276,3 +276,85 @@ impl Rules {
         Ok(())
     }
 }
+
+/// What a ScaledObject's own spec says, as defaults for its engine-mode
+/// triggers (a key written in trigger metadata wins). `None`: not written
+/// in the spec.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectSettings {
+    pub min_replica_count: Option<u32>,
+    pub max_replica_count: Option<u32>,
+    pub cooldown_period: Option<u64>,
+    pub polling_interval: Option<u64>,
+    pub fallback: Option<Fallback>,
+    pub behavior: Option<Behavior>,
+}
+
+/// Where a rule's value came from, for `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Source {
+    /// The trigger's metadata.
+    Metadata,
+    /// The ScaledObject's spec (read from the cluster).
+    ScaledObject,
+    /// hoist's default (ACA's).
+    Default,
+}
+
+/// The rule keys a trigger's metadata wrote, by their metadata names.
+pub const RULE_KEYS: [&str; 6] = [
+    "minReplicaCount",
+    "maxReplicaCount",
+    "cooldownPeriod",
+    "pollingInterval",
+    "fallback",
+    "behavior",
+];
+
+impl Rules {
+    /// These rules (from trigger metadata, where `written` names the keys
+    /// the metadata set) with the ScaledObject's settings filling the rest.
+    /// Returns each setting's source, keyed as in [`RULE_KEYS`].
+    pub fn with_object(
+        &self,
+        written: &std::collections::BTreeSet<String>,
+        object: Option<&ObjectSettings>,
+    ) -> (Rules, std::collections::BTreeMap<&'static str, Source>) {
+        let mut rules = self.clone();
+        let mut sources = std::collections::BTreeMap::new();
+        let empty = ObjectSettings::default();
+        let object = object.unwrap_or(&empty);
+        let mut pick = |key: &'static str, from_object: bool| {
+            let source = if written.contains(key) {
+                Source::Metadata
+            } else if from_object {
+                Source::ScaledObject
+            } else {
+                Source::Default
+            };
+            sources.insert(key, source);
+            source == Source::ScaledObject
+        };
+        if pick("minReplicaCount", object.min_replica_count.is_some()) {
+            rules.min_replica_count = object.min_replica_count.unwrap_or_default();
+        }
+        if pick("maxReplicaCount", object.max_replica_count.is_some()) {
+            rules.max_replica_count = object.max_replica_count.unwrap_or_default();
+        }
+        if pick("cooldownPeriod", object.cooldown_period.is_some()) {
+            rules.cooldown_period = object.cooldown_period.unwrap_or_default();
+        }
+        if pick("pollingInterval", object.polling_interval.is_some()) {
+            rules.polling_interval = object.polling_interval.unwrap_or(rules.polling_interval);
+        }
+        if pick("fallback", object.fallback.is_some()) {
+            rules.fallback = object.fallback;
+        }
+        if pick("behavior", object.behavior.is_some()) {
+            rules.behavior = object.behavior.clone();
+        }
+        (rules, sources)
+    }
+}

@@ -14,8 +14,7 @@ use tracing::debug;
 
 pub use status::RpcError;
 
-use crate::driver::{Driver, Reading, Tracked, TriggerKey};
-use crate::engine::Decision;
+use crate::driver::{Answer, Driver, Reading, Tracked, TriggerKey};
 use crate::metrics::{Metrics, RpcMetrics};
 use crate::proto::external_scaler_server::ExternalScaler;
 use crate::proto::{
@@ -61,13 +60,14 @@ impl ScalerService {
     }
 
     async fn decision(&self, tracked: &Tracked) -> Result<crate::engine::Decision, RpcError> {
-        tracked
-            .decision()
-            .await
-            .ok_or_else(|| RpcError::NoDecisionYet {
+        match tracked.answer().await {
+            Some(Answer::Decided(decision)) => Ok(decision),
+            Some(Answer::CountUnknown(reason)) => Err(RpcError::CountUnknown(reason)),
+            None => Err(RpcError::NoDecisionYet {
                 scaled_object: format!("{}/{}", tracked.key.namespace, tracked.key.name),
                 timeout: tracked.config.timeout,
-            })
+            }),
+        }
     }
 
     /// The current value, or why there is none.
@@ -192,13 +192,13 @@ fn round_up(value: f64) -> i64 {
 /// (passthrough) or its ScaledObject's engine decisions (engine mode).
 enum Activity {
     Readings(watch::Receiver<Reading>),
-    Decisions(watch::Receiver<Option<Decision>>),
+    Decisions(watch::Receiver<Option<Answer>>),
 }
 
 impl Activity {
     fn of(tracked: &Tracked) -> Self {
         match &tracked.scaling {
-            Some(scaling) => Activity::Decisions(scaling.decisions()),
+            Some(scaling) => Activity::Decisions(scaling.answers()),
             None => Activity::Readings(tracked.watch()),
         }
     }
@@ -211,9 +211,11 @@ impl Activity {
                 .borrow_and_update()
                 .activity()
                 .map(|a| tracked.is_active(a)),
-            Activity::Decisions(decisions) => {
-                decisions.borrow_and_update().as_ref().map(|d| d.active)
-            }
+            Activity::Decisions(answers) => match answers.borrow_and_update().as_ref() {
+                Some(Answer::Decided(decision)) => Some(decision.active),
+                // An unknown count is no evidence either way.
+                Some(Answer::CountUnknown(_)) | None => None,
+            },
         }
     }
 

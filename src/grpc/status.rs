@@ -34,6 +34,9 @@ pub enum RpcError {
         scaled_object: String,
         timeout: Duration,
     },
+    /// Engine mode without a known replica count: KEDA keeps its count.
+    #[error("{0}")]
+    CountUnknown(String),
     #[error("metric `{asked}` is not served by this trigger; it serves `{served}`")]
     UnknownMetric { asked: String, served: String },
     #[error("hoist is shutting down")]
@@ -80,7 +83,8 @@ impl RpcError {
             RpcError::Track(TrackError::SourceNotAllowed { .. }) => Code::PermissionDenied,
             RpcError::SourceFailing { .. }
             | RpcError::NoReadingYet { .. }
-            | RpcError::NoDecisionYet { .. } => Code::Unavailable,
+            | RpcError::NoDecisionYet { .. }
+            | RpcError::CountUnknown(_) => Code::Unavailable,
             RpcError::UnknownMetric { .. } => Code::NotFound,
             RpcError::ShuttingDown => Code::Unavailable,
         }

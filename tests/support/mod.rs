@@ -339,6 +339,34 @@ pub struct Hoist {
     pub tcp_proxies: std::collections::BTreeMap<String, SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServerError>>>,
+    _state_dir: Option<tempfile::TempDir>,
+}
+
+/// Keeps a test's hoist to itself: its own state file unless the test
+/// chose one (the default path would be shared by every test), and no
+/// Kubernetes access unless the test gives a kubeconfig (never a
+/// developer's own cluster).
+pub fn isolate(settings: &mut Settings) -> Option<tempfile::TempDir> {
+    use hoist::config::KubernetesAccess;
+    if settings.kubernetes.kubeconfig.is_none()
+        && settings.kubernetes.enabled == KubernetesAccess::Auto
+    {
+        settings.kubernetes.enabled = KubernetesAccess::Off;
+    }
+    if settings.state_file == Settings::default().state_file {
+        let dir = tempfile::tempdir().unwrap();
+        settings.state_file = Some(dir.path().join("state.json"));
+        return Some(dir);
+    }
+    None
+}
+
+/// Settings whose engines compute from their own last decision
+/// (`engine.assume_applied`): for tests of the rules, not of counting.
+pub fn assuming_applied() -> Settings {
+    let mut settings = Settings::default();
+    settings.engine.assume_applied = true;
+    settings
 }
 
 impl Hoist {
@@ -349,7 +377,10 @@ impl Hoist {
     pub async fn start_with(mut settings: Settings) -> Self {
         settings.grpc.listen = "127.0.0.1:0".parse().unwrap();
         settings.admin.listen = "127.0.0.1:0".parse().unwrap();
-        Self::run(Server::bind(settings).await.expect("hoist binds"))
+        let state_dir = isolate(&mut settings);
+        let mut hoist = Self::run(Server::bind(settings).await.expect("hoist binds"));
+        hoist._state_dir = state_dir;
+        hoist
     }
 
     /// `hoist interceptor` alone: proxies and admin, no gRPC (`grpc` is
@@ -382,6 +413,7 @@ impl Hoist {
             tcp_proxies,
             shutdown: Some(shutdown),
             task: Some(task),
+            _state_dir: None,
         }
     }
 
