@@ -734,6 +734,52 @@ mod tests {
     }
 
     #[test]
+    fn kubernetes_access_and_the_state_file() {
+        let defaults = Settings::default();
+        assert_eq!(defaults.kubernetes.enabled, KubernetesAccess::Auto);
+        assert_eq!(defaults.state_path(), Some(Path::new(DEFAULT_STATE_FILE)));
+        assert!(!defaults.engine.assume_applied);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hoist.toml");
+        for (text, enabled) in [
+            ("[kubernetes]\nenabled = \"auto\"\n", KubernetesAccess::Auto),
+            ("[kubernetes]\nenabled = true\n", KubernetesAccess::On),
+            ("[kubernetes]\nenabled = false\n", KubernetesAccess::Off),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
+            assert_eq!(settings.kubernetes.enabled, enabled, "{text}");
+        }
+        let from_env = Settings::load(
+            None,
+            env(&[
+                ("HOIST_KUBERNETES__ENABLED", "false"),
+                ("HOIST_ENGINE__ASSUME_APPLIED", "true"),
+                ("HOIST_STATE_FILE", ""),
+            ]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(from_env.kubernetes.enabled, KubernetesAccess::Off);
+        assert!(from_env.engine.assume_applied);
+        assert_eq!(from_env.state_path(), None, "an empty path: memory only");
+        std::fs::write(&file, "[kubernetes]\nenabled = \"sometimes\"\n").unwrap();
+        let refused = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap_err();
+        let message = format!("{refused:#}");
+        let chain = std::iter::successors(Some(&refused as &dyn std::error::Error), |e| e.source())
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(": ");
+        assert!(chain.contains("sometimes"), "{message} / {chain}");
+        std::fs::write(&file, "[kubernetes]\ntimeout = \"0s\"\n").unwrap();
+        let refused = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap_err();
+        assert!(
+            refused.to_string().contains("kubernetes.timeout"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn layers_apply_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("hoist.toml");

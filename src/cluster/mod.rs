@@ -122,7 +122,12 @@ impl Cluster {
         let Some(mut config) = config else {
             return Ok(None);
         };
-        config.read_timeout = Some(settings.timeout);
+        // Two TLS providers are linked (reqwest brings aws-lc-rs): name one,
+        // as the rest of hoist does.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // Only the connection: a read timeout would also cut the
+        // ScaledObject watch, which is quiet for minutes. Single calls are
+        // bounded where they are made.
         config.connect_timeout = Some(settings.timeout);
         let server = config.cluster_url.to_string();
         let client =
@@ -213,6 +218,11 @@ impl Cluster {
                 }),
             },
         }
+    }
+
+    /// Waits (at most `kubernetes.timeout`) for the watch's first list.
+    pub async fn wait_synced(&self) {
+        let _ = tokio::time::timeout(self.settings.timeout, self.objects.wait_until_ready()).await;
     }
 
     fn synced(&self) -> bool {

@@ -254,11 +254,9 @@ impl ScaledObjectView {
             ("scaleDown", &behavior.scale_down),
         ] {
             let Some(rules) = rules else { continue };
-            if rules.policies.as_ref().is_some_and(|p| !p.is_empty())
-                || rules.select_policy.is_some()
-            {
+            if limits_rate(rules) {
                 found.push(format!(
-                    "the HPA applies the ScaledObject's behavior.{direction} policies again to the engine's counts: leave them out of the ScaledObject and give them to the engine in trigger metadata (`behavior`)"
+                    "the HPA applies the ScaledObject's behavior.{direction} policies again to the engine's counts and they can hold a step back: allow at least 100 % per 15 s there (or leave {direction} out), and give the engine its policies in trigger metadata (`behavior`)"
                 ));
             }
         }
@@ -276,5 +274,124 @@ impl ScaledObjectView {
                 .map(|reason| format!("ignored {reason}")),
         );
         found
+    }
+}
+
+/// Whether an HPA rate rule can hold back a step the engine took: it is
+/// disabled, picks the smallest policy, or none of its policies allows
+/// doubling within one HPA sync (100 % per 15 s).
+fn limits_rate(rules: &crate::engine::rules::BehaviorRules) -> bool {
+    use crate::engine::hpa::{PolicyType, SelectPolicy};
+    if matches!(
+        rules.select_policy,
+        Some(SelectPolicy::Disabled | SelectPolicy::Min)
+    ) {
+        return true;
+    }
+    rules.policies.as_ref().is_some_and(|policies| {
+        !policies.iter().any(|policy| {
+            policy.kind == PolicyType::Percent && policy.value >= 100 && policy.period_seconds <= 15
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn view(spec: serde_json::Value) -> ScaledObjectView {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "keda.sh/v1alpha1",
+            "kind": "ScaledObject",
+            "metadata": {"name": "worker", "namespace": "orders", "uid": "u1"},
+            "spec": spec,
+        }))
+        .unwrap();
+        ScaledObjectView::parse(&object).unwrap()
+    }
+
+    #[test]
+    fn the_spec_is_read_with_kedas_defaults_and_bad_fields_named() {
+        let plain = view(json!({"scaleTargetRef": {"name": "worker"}}));
+        assert_eq!(plain.target.api_version, "apps/v1");
+        assert_eq!(plain.target.kind, "Deployment");
+        assert_eq!(plain.settings, ObjectSettings::default());
+        assert_eq!(plain.keda_max_replicas(), 100);
+        assert_eq!(plain.keda_cooldown(), 300);
+
+        let odd = view(json!({
+            "scaleTargetRef": {"name": "worker"},
+            "maxReplicaCount": "lots",
+            "fallback": {"failureThreshold": 3, "replicas": 6},
+        }));
+        assert_eq!(odd.settings.max_replica_count, None);
+        assert_eq!(
+            odd.settings.fallback,
+            Some(Fallback {
+                failure_threshold: 3,
+                replicas: 6
+            })
+        );
+        assert!(
+            odd.unreadable[0].contains("spec.maxReplicaCount"),
+            "{:?}",
+            odd.unreadable
+        );
+
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+            "metadata": {"name": "worker", "namespace": "orders"},
+            "spec": {"scaleTargetRef": {}},
+        }))
+        .unwrap();
+        let error = ScaledObjectView::parse(&object).unwrap_err().to_string();
+        assert!(error.contains("spec.scaleTargetRef.name"), "{error}");
+    }
+
+    #[test]
+    fn only_settings_that_limit_the_engine_again_are_warned_about() {
+        let rules = Rules {
+            max_replica_count: 20,
+            ..Rules::default()
+        };
+        // KEDA's and the HPA's defaults: a second cooldown, a second
+        // 300 s window, and KEDA's max of 100 above the engine's 20.
+        let defaults = view(json!({"scaleTargetRef": {"name": "worker"}}));
+        let warnings = defaults.relimits(&rules);
+        assert_eq!(warnings.len(), 2, "{warnings:#?}");
+        assert!(warnings[0].contains("cooldownPeriod (300 s, KEDA's default)"));
+        assert!(warnings[1].contains("300 s, the HPA's default"));
+
+        // The pass-through settings the README shows: nothing to say.
+        let through = view(json!({
+            "scaleTargetRef": {"name": "worker"},
+            "maxReplicaCount": 20,
+            "cooldownPeriod": 0,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": 0,
+                    "policies": [{"type": "Percent", "value": 1000, "periodSeconds": 15}]},
+                "scaleDown": {"stabilizationWindowSeconds": 0,
+                    "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]},
+            }}},
+        }));
+        assert_eq!(through.relimits(&rules), Vec::<String>::new());
+
+        let tight = view(json!({
+            "scaleTargetRef": {"name": "worker"},
+            "maxReplicaCount": 8,
+            "cooldownPeriod": 0,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                "scaleUp": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
+                "scaleDown": {"stabilizationWindowSeconds": 0, "selectPolicy": "Disabled"},
+            }}},
+        }));
+        let warnings = tight.relimits(&rules);
+        assert_eq!(warnings.len(), 3, "{warnings:#?}");
+        assert!(warnings[0].contains("behavior.scaleUp policies"));
+        assert!(warnings[1].contains("behavior.scaleDown policies"));
+        assert!(
+            warnings[2].contains("spec.maxReplicaCount 8, below the engine's maxReplicaCount 20")
+        );
     }
 }

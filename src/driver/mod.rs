@@ -373,7 +373,27 @@ impl Driver {
     /// Lets engines read replica counts and ScaledObjects from `cluster`
     /// (before the first trigger is tracked).
     pub fn set_cluster(&self, cluster: Arc<Cluster>) {
-        let _ = self.inner.cluster.set(cluster);
+        if self.inner.cluster.set(cluster.clone()).is_ok() {
+            tokio::spawn(self.clone().follow_intervals(cluster));
+        }
+    }
+
+    /// Applies ScaledObjects' `pollingInterval` once the watch has listed
+    /// them (triggers tracked before that took the default), then every
+    /// 15 s, so that an edit applies without a restart.
+    async fn follow_intervals(self, cluster: Arc<Cluster>) {
+        const EVERY: Duration = Duration::from_secs(15);
+        loop {
+            tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = cluster.wait_synced() => {}
+            }
+            self.refresh_intervals();
+            tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = tokio::time::sleep(EVERY) => {}
+            }
+        }
     }
 
     pub fn cluster(&self) -> Option<Arc<Cluster>> {
@@ -784,10 +804,7 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = self.inner.cancel.cancelled() => return,
-                _ = ticks.tick() => {
-                    self.evict_idle();
-                    self.refresh_intervals();
-                }
+                _ = ticks.tick() => { self.evict_idle(); }
             }
         }
     }

@@ -21,6 +21,9 @@ use crate::engine::{self, Decision, Millis, Observation, Observed, Rules};
 /// are counted per sync, so the engine evaluates at least this often.
 pub const HPA_SYNC_MILLIS: Millis = 15_000;
 
+/// How soon an engine whose count is unknown looks again.
+const UNKNOWN_RETRY_MILLIS: Millis = 1000;
+
 /// How often a warning Event about the same problem is posted again.
 const WARNING_EVENT_EVERY: Millis = 30 * 60 * 1000;
 
@@ -352,7 +355,13 @@ impl Scaling {
                 .as_ref()
                 .and_then(|d| d.cooldown_ends)
                 .is_some_and(|end| now >= end);
-            let interval_over = last.is_none_or(|at| now >= at.saturating_add(interval));
+            let unknown = matches!(self.answer(), Some(Answer::CountUnknown(_)));
+            let wait = if unknown {
+                interval.min(UNKNOWN_RETRY_MILLIS)
+            } else {
+                interval
+            };
+            let interval_over = last.is_none_or(|at| now >= at.saturating_add(wait));
             let wanted = pending || (periodic && last.is_some());
             if (wanted && (interval_over || at_zero)) || cooldown_over {
                 if let Some(answer) = self.evaluate(&clock, interval).await {
@@ -362,10 +371,17 @@ impl Scaling {
                 }
             }
             // The next interval (when something waits for it), or an
-            // earlier cooldown end: it must not wait a whole interval.
+            // earlier cooldown end: it must not wait a whole interval. An
+            // unknown count is looked at again within a second (a new
+            // ScaledObject reaches the watch a moment after KEDA asks);
+            // the API itself is still asked at most once per interval.
+            let retry = match self.answer() {
+                Some(Answer::CountUnknown(_)) => interval.min(UNKNOWN_RETRY_MILLIS),
+                _ => interval,
+            };
             let next_interval = last
                 .filter(|_| pending || periodic)
-                .map(|at| at.saturating_add(interval));
+                .map(|at| at.saturating_add(retry));
             let cooldown_end = self.decision().and_then(|d| d.cooldown_ends);
             deadline = next_interval.into_iter().chain(cooldown_end).min();
         }
@@ -394,12 +410,22 @@ impl Scaling {
     /// Runs the engine on every trigger's latest reading and the current
     /// count; `None` while no trigger has a reading yet.
     async fn evaluate(&self, clock: &Clock, interval: Millis) -> Option<Answer> {
+        if let Counting::Cluster(cluster) = &self.counting {
+            // Just started: the watch's first list is on its way.
+            cluster.wait_synced().await;
+        }
         let metadata = self.rules();
         let object = self.object();
-        let (mut rules, sources) = metadata
+        let (rules, sources) = metadata
             .rules
             .with_object(&metadata.written, object.as_ref().ok().map(|o| &o.settings));
-        rules.polling_interval = interval.div_ceil(1000).max(1);
+        let shown = rules.clone();
+        // The engine's own cadence: the smallest trigger interval, and the
+        // HPA's sync with a behavior.
+        let rules = Rules {
+            polling_interval: interval.div_ceil(1000).max(1),
+            ..rules
+        };
         let readings = self.readings(clock);
         if readings.is_empty() {
             return None;
@@ -426,7 +452,7 @@ impl Scaling {
                     counted.as_ref().err().cloned()
                 }),
                 sources,
-                rules: Some(rules.clone()),
+                rules: Some(shown),
                 warnings: warnings.clone(),
             };
         }
@@ -508,13 +534,16 @@ impl Scaling {
         let due = lock(&self.reads)
             .last_attempt
             .is_none_or(|at| now >= at.saturating_add(interval));
-        if due {
-            lock(&self.reads).last_attempt = Some(now);
+        if due || object.is_err() {
             let result = match object {
-                Ok(object) => cluster
-                    .read_scale(&self.namespace, &object.target)
-                    .await
-                    .map_err(|e| e.to_string()),
+                Ok(object) => {
+                    // At most one API request per interval.
+                    lock(&self.reads).last_attempt = Some(now);
+                    cluster
+                        .read_scale(&self.namespace, &object.target)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
                 Err(reason) => Err(reason.clone()),
             };
             let mut reads = lock(&self.reads);

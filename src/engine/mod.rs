@@ -660,4 +660,6 @@ pub fn hpa_reconcile(
 }
 
 #[cfg(test)]
+mod observed_tests;
+#[cfg(test)]
 mod tests;

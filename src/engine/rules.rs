@@ -162,6 +162,9 @@ impl Rules {
             tolerance: params.number(&["tolerance"], &[Origin::Metadata], defaults.tolerance)?,
             behavior: match params.find(&["behavior"], &[Origin::Metadata]) {
                 None => None,
+                // `none`: ACA's step-up, whatever the ScaledObject's own
+                // (pass-through) behavior says.
+                Some(found) if found.value.trim() == "none" => None,
                 Some(found) => Some(serde_json::from_str(found.value).map_err(|error| {
                     MetadataError::invalid(
                         "behavior",

@@ -1,0 +1,97 @@
+//! `decide_observed`: the engine computing from the cluster's counts, and
+//! the ScaledObject's settings filling in for unwritten metadata keys.
+
+use std::collections::BTreeSet;
+
+use super::rules::{ObjectSettings, Source};
+use super::*;
+
+const T0: Millis = 1_700_000_000_000;
+
+fn reading(value: f64) -> Reading {
+    Reading {
+        trigger: "queue".into(),
+        target: 5.0,
+        activation_target: 0.0,
+        value: Observation::Value(value),
+        activity: None,
+        at: T0,
+    }
+}
+
+fn counts(spec_replicas: u32, status_replicas: u32) -> Option<Observed> {
+    Some(Observed {
+        spec_replicas,
+        status_replicas,
+    })
+}
+
+#[test]
+fn the_current_count_is_the_clusters_not_the_last_decision() {
+    let rules = Rules {
+        max_replica_count: 100,
+        ..Rules::default()
+    };
+    // The engine last decided 1, but 11 run: ACA's step doubles what runs.
+    let mut state = State {
+        current_replicas: 1,
+        active: true,
+        ..State::default()
+    };
+    let decision = decide_observed(&mut state, &rules, &[reading(200.0)], T0, counts(11, 11));
+    assert_eq!(decision.replicas, 22);
+    assert_eq!(decision.reason, Reason::ScaleUpLimit);
+}
+
+#[test]
+fn the_usage_ratio_divides_by_status_replicas_as_the_hpa_does() {
+    let rules = Rules {
+        max_replica_count: 100,
+        ..Rules::default()
+    };
+    // 50 over target 5: at status 10 the ratio is exactly 1, so the
+    // proposal is the status count (10), not spec's 11; at status 11 it is
+    // 0.91, within tolerance: 11.
+    let mut state = State::default();
+    let spec_11_status_10 =
+        decide_observed(&mut state, &rules, &[reading(50.0)], T0, counts(11, 10));
+    assert_eq!(spec_11_status_10.raw_desired, Some(10));
+    let mut state = State {
+        recommendations: Some(Vec::new()),
+        ..State::default()
+    };
+    let down = decide_observed(&mut state, &rules, &[reading(50.0)], T0, counts(11, 10));
+    assert_eq!(down.replicas, 10, "no higher recommendation holds it");
+    let mut state = State {
+        recommendations: Some(Vec::new()),
+        ..State::default()
+    };
+    let held = decide_observed(&mut state, &rules, &[reading(50.0)], T0, counts(11, 11));
+    assert_eq!(held.replicas, 11, "{held:?}");
+    assert_eq!(held.reason, Reason::WithinTolerance);
+}
+
+#[test]
+fn metadata_wins_then_the_scaledobject_then_the_defaults() {
+    let metadata = Rules {
+        max_replica_count: 20,
+        ..Rules::default()
+    };
+    let written: BTreeSet<String> = ["maxReplicaCount".to_string()].into();
+    let object = ObjectSettings {
+        min_replica_count: Some(2),
+        max_replica_count: Some(8),
+        cooldown_period: Some(0),
+        ..ObjectSettings::default()
+    };
+    let (rules, sources) = metadata.with_object(&written, Some(&object));
+    assert_eq!(rules.max_replica_count, 20);
+    assert_eq!(rules.min_replica_count, 2);
+    assert_eq!(rules.cooldown_period, 0);
+    assert_eq!(rules.polling_interval, 30);
+    assert_eq!(sources["maxReplicaCount"], Source::Metadata);
+    assert_eq!(sources["minReplicaCount"], Source::ScaledObject);
+    assert_eq!(sources["pollingInterval"], Source::Default);
+    let (alone, _) = metadata.with_object(&written, None);
+    assert_eq!(alone, metadata);
+}

@@ -1,0 +1,325 @@
+//! A stand-in for the Kubernetes API server on loopback. No real API server
+//! can run on these machines (none is packaged for the registries they
+//! reach), so this serves the few paths hoist uses, with the JSON shapes of
+//! the real API: the cluster-wide ScaledObject list and watch
+//! (`keda.sh/v1alpha1`), the `/scale` subresource (`autoscaling/v1` Scale)
+//! of Deployments, StatefulSets and a custom resource, API discovery for
+//! that resource, and `events.k8s.io/v1` Events. Failures are switched on
+//! per test: the API down (503), RBAC refusals (403).
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
+
+#[derive(Default)]
+struct ApiState {
+    resource_version: u64,
+    /// ScaledObjects by (namespace, name).
+    scaled_objects: BTreeMap<(String, String), Value>,
+    /// Watch events so far: (resourceVersion, JSON line).
+    history: Vec<(u64, String)>,
+    /// Scales by (plural, namespace, name): (spec, status).
+    scales: BTreeMap<(String, String, String), (i64, i64)>,
+    /// Custom kinds discovery serves: (group/version) → [(kind, plural)].
+    kinds: BTreeMap<String, Vec<(String, String)>>,
+    events: Vec<Value>,
+    scale_reads: u64,
+    down: bool,
+    forbid_scale: bool,
+    forbid_list: bool,
+}
+
+/// The fake API server and a kubeconfig pointing at it.
+pub struct FakeApi {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<ApiState>>,
+    live: broadcast::Sender<(u64, String)>,
+    dir: tempfile::TempDir,
+}
+
+impl FakeApi {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(ApiState::default()));
+        let live = broadcast::channel(1024).0;
+        let (shared, sender) = (state.clone(), live.clone());
+        let app = axum::Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
+            let (state, live) = (shared.clone(), sender.clone());
+            async move { handle(&state, &live, method, uri, body) }
+        });
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
+             current-context: fake\nusers:\n- name: fake\n  user:\n    token: fake-token\n"
+        );
+        std::fs::write(dir.path().join("kubeconfig"), kubeconfig).unwrap();
+        Self {
+            addr,
+            state,
+            live,
+            dir,
+        }
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ApiState> {
+        self.state.lock().unwrap()
+    }
+
+    /// Creates or replaces a ScaledObject from its `spec`.
+    pub fn put_scaled_object(&self, namespace: &str, name: &str, spec: Value) {
+        let mut state = self.lock();
+        state.resource_version += 1;
+        let version = state.resource_version;
+        let key = (namespace.to_string(), name.to_string());
+        let kind = if state.scaled_objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        let object = json!({
+            "apiVersion": "keda.sh/v1alpha1",
+            "kind": "ScaledObject",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": format!("uid-{namespace}-{name}"),
+                "resourceVersion": version.to_string(),
+                "generation": 1,
+            },
+            "spec": spec,
+        });
+        state.scaled_objects.insert(key, object.clone());
+        let line = json!({"type": kind, "object": object}).to_string() + "\n";
+        state.history.push((version, line.clone()));
+        let _ = self.live.send((version, line));
+    }
+
+    /// Sets a target's `/scale`: `plural` is `deployments`,
+    /// `statefulsets` or a custom resource's plural.
+    pub fn set_scale(&self, plural: &str, namespace: &str, name: &str, spec: i64, status: i64) {
+        self.lock().scales.insert(
+            (plural.to_string(), namespace.to_string(), name.to_string()),
+            (spec, status),
+        );
+    }
+
+    /// Serves a custom kind with a scale subresource in discovery.
+    pub fn add_kind(&self, group_version: &str, kind: &str, plural: &str) {
+        self.lock()
+            .kinds
+            .entry(group_version.to_string())
+            .or_default()
+            .push((kind.to_string(), plural.to_string()));
+    }
+
+    pub fn set_down(&self, down: bool) {
+        self.lock().down = down;
+    }
+
+    pub fn forbid_scale(&self, forbid: bool) {
+        self.lock().forbid_scale = forbid;
+    }
+
+    pub fn forbid_list(&self, forbid: bool) {
+        self.lock().forbid_list = forbid;
+    }
+
+    /// Events posted so far (created or patched).
+    pub fn events(&self) -> Vec<Value> {
+        self.lock().events.clone()
+    }
+
+    pub fn scale_reads(&self) -> u64 {
+        self.lock().scale_reads
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: &str) -> Response {
+    let body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    });
+    (code, axum::Json(body)).into_response()
+}
+
+fn handle(
+    state: &Mutex<ApiState>,
+    live: &broadcast::Sender<(u64, String)>,
+    method: Method,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let mut guard = state.lock().unwrap();
+    if guard.down {
+        return status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        );
+    }
+    let query = uri.query().unwrap_or("");
+    let segments: Vec<&str> = uri.path().trim_matches('/').split('/').collect();
+    match (method.clone(), segments.as_slice()) {
+        (Method::GET, ["apis", "keda.sh", "v1alpha1", "scaledobjects"]) => {
+            if guard.forbid_list {
+                return status(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    "scaledobjects.keda.sh is forbidden: User \"system:serviceaccount:keda:hoist\" cannot list resource \"scaledobjects\" in API group \"keda.sh\" at the cluster scope",
+                );
+            }
+            if query
+                .split('&')
+                .any(|pair| pair == "watch=true" || pair == "watch=1")
+            {
+                let from: u64 = query
+                    .split('&')
+                    .find_map(|pair| pair.strip_prefix("resourceVersion="))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                // Subscribe before replaying, under the lock: no gap, and
+                // replayed events are filtered out of the live ones.
+                let receiver = live.subscribe();
+                let replay: Vec<(u64, String)> = guard
+                    .history
+                    .iter()
+                    .filter(|(version, _)| *version > from)
+                    .cloned()
+                    .collect();
+                let last = replay.last().map_or(from, |(version, _)| *version);
+                drop(guard);
+                let replayed = tokio_stream::iter(replay.into_iter().map(|(_, line)| line));
+                let live_lines =
+                    BroadcastStream::new(receiver).filter_map(move |event| match event {
+                        Ok((version, line)) if version > last => Some(line),
+                        _ => None,
+                    });
+                let stream = replayed
+                    .chain(live_lines)
+                    .map(|line| Ok::<_, std::convert::Infallible>(Bytes::from(line)));
+                return Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Body::from_stream(stream))
+                    .unwrap();
+            }
+            let items: Vec<Value> = guard.scaled_objects.values().cloned().collect();
+            axum::Json(json!({
+                "apiVersion": "keda.sh/v1alpha1",
+                "kind": "ScaledObjectList",
+                "metadata": {"resourceVersion": guard.resource_version.to_string()},
+                "items": items,
+            }))
+            .into_response()
+        }
+        (
+            Method::GET,
+            [
+                "apis",
+                group,
+                version,
+                "namespaces",
+                namespace,
+                plural,
+                name,
+                "scale",
+            ],
+        ) => {
+            guard.scale_reads += 1;
+            if guard.forbid_scale {
+                return status(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    &format!(
+                        "{plural}.{group} \"{name}\" is forbidden: User \"system:serviceaccount:keda:hoist\" cannot get resource \"{plural}/scale\" in API group \"{group}\" in the namespace \"{namespace}\""
+                    ),
+                );
+            }
+            let key = (plural.to_string(), namespace.to_string(), name.to_string());
+            match guard.scales.get(&key) {
+                Some((spec, current)) => axum::Json(json!({
+                    "kind": "Scale",
+                    "apiVersion": "autoscaling/v1",
+                    "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
+                    "spec": {"replicas": spec},
+                    "status": {"replicas": current, "selector": format!("app={name}")},
+                }))
+                .into_response(),
+                None => status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("{plural}.{group} \"{name}\" not found ({version})"),
+                ),
+            }
+        }
+        (Method::GET, ["apis", group, version]) => {
+            let group_version = format!("{group}/{version}");
+            let Some(kinds) = guard.kinds.get(&group_version) else {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                );
+            };
+            let mut resources = Vec::new();
+            for (kind, plural) in kinds {
+                resources.push(json!({
+                    "name": plural, "singularName": kind.to_lowercase(), "namespaced": true,
+                    "kind": kind, "verbs": ["get", "list", "watch", "patch", "update"],
+                }));
+                resources.push(json!({
+                    "name": format!("{plural}/scale"), "singularName": "", "namespaced": true,
+                    "group": "autoscaling", "version": "v1", "kind": "Scale",
+                    "verbs": ["get", "patch", "update"],
+                }));
+            }
+            axum::Json(json!({
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": group_version,
+                "resources": resources,
+            }))
+            .into_response()
+        }
+        (Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"])
+        | (Method::PATCH, ["apis", "events.k8s.io", "v1", "namespaces", _, "events", _]) => {
+            let mut event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            guard.resource_version += 1;
+            event["metadata"]["resourceVersion"] = json!(guard.resource_version.to_string());
+            guard.events.push(event.clone());
+            let code = if method == Method::POST {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            (code, axum::Json(event)).into_response()
+        }
+        _ => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        ),
+    }
+}
