@@ -82,6 +82,16 @@ pub struct SourceTls {
     pub key_password: crate::secret::Secret,
 }
 
+impl SourceTls {
+    /// The client key in clear PEM (decrypted when `keyPassword` is set).
+    /// Done when connecting, as KEDA does when it builds its client, so a
+    /// key that cannot be used fails the measurement, naming the key.
+    pub fn client_key(&self) -> Result<crate::secret::Secret, ObserveError> {
+        crate::tls::client_key(&self.key, &self.key_password)
+            .map_err(|e| ObserveError::Config(e.to_string()))
+    }
+}
+
 /// Something that can be measured.
 pub trait Source: Send + Sync + 'static {
     /// Measures the current value once. The caller bounds it with a timeout

@@ -301,17 +301,19 @@ enum Connection {
 }
 
 impl Connection {
+    /// Plain `EVAL`, as KEDA sends (kedacore/keda pkg/scalers/redis_scaler.go,
+    /// `createRedisScalerWithClient` and `createClusteredRedisScaler`:
+    /// `client.Eval`): an ACL user granted `+eval` alone must be able to
+    /// scale, so no `EVALSHA` first and no `SCRIPT LOAD` after.
     async fn length(&mut self, key: &str) -> redis::RedisResult<i64> {
-        let invocation = LENGTH.key(key);
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(LENGTH_SCRIPT).arg(1).arg(key);
         match self {
-            Connection::Single(c) => invocation.invoke_async(c).await,
-            Connection::Cluster(c) => invocation.invoke_async(c).await,
+            Connection::Single(c) => eval.query_async(c).await,
+            Connection::Cluster(c) => eval.query_async(c).await,
         }
     }
 }
-
-/// Compiled (hashed) once for the process, not once per trigger.
-static LENGTH: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LENGTH_SCRIPT));
 
 /// The connection every poller of one Redis deployment (same addresses,
 /// database, credentials and TLS) shares: one socket per server however
@@ -502,11 +504,6 @@ impl RedisSource {
         if !c.tls.enabled || (c.tls.ca.is_empty() && c.tls.cert.is_empty()) {
             return Ok(None);
         }
-        if !c.tls.key_password.is_empty() {
-            return Err(ObserveError::Config(
-                "`keyPassword`: encrypted client keys are not supported; give hoist the key unencrypted".into(),
-            ));
-        }
         let client_tls = match (c.tls.cert.is_empty(), c.tls.key.is_empty()) {
             (true, _) => None,
             (false, true) => {
@@ -516,7 +513,7 @@ impl RedisSource {
             }
             (false, false) => Some(redis::ClientTlsConfig {
                 client_cert: c.tls.cert.as_bytes().to_vec(),
-                client_key: c.tls.key.expose().as_bytes().to_vec(),
+                client_key: c.tls.client_key()?.expose().as_bytes().to_vec(),
             }),
         };
         let root_cert = (!c.tls.ca.is_empty()).then(|| c.tls.ca.as_bytes().to_vec());
