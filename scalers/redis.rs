@@ -117,10 +117,6 @@ pub fn parse_config(mode: Mode, params: &Params) -> Result<RedisConfig, Metadata
     let sentinel_password = Secret::new(string(&["sentinelPassword"], &[Metadata, Auth, Env]));
     let sentinel_master = string(&["sentinelMaster"], &[Metadata, Auth, Env]);
     let unsafe_ssl = params.boolean(&["unsafeSsl"], &[Metadata], false)?;
-    let cert = string(&["Cert", "cert"], &[Auth]);
-    let key = Secret::new(string(&["key"], &[Auth]));
-    let key_password = Secret::new(string(&["keyPassword"], &[Auth]));
-    let ca = string(&["ca"], &[Auth]);
 
     let metadata_tls = params.find(&["enableTLS"], &[Metadata]);
     let auth_tls = params.find(&["tls"], &[Auth]);
@@ -161,14 +157,7 @@ pub fn parse_config(mode: Mode, params: &Params) -> Result<RedisConfig, Metadata
         sentinel_username,
         sentinel_password,
         sentinel_master,
-        tls: SourceTls {
-            enabled: enable_tls,
-            unsafe_ssl,
-            ca,
-            cert,
-            key,
-            key_password,
-        },
+        tls: SourceTls::from_auth(params, enable_tls, unsafe_ssl),
     })
 }
 
