@@ -1176,6 +1176,43 @@ mod tests {
         assert!(err.to_string().contains("`awsAccessKeyID`"), "{err}");
     }
 
+    /// GSSAPI up to the KDC: librdkafka runs hoist's `kinit` command at
+    /// start, which reads `kerberosConfig` and asks the realm's KDC (a UDP
+    /// socket of this test) for a ticket for the principal.
+    #[test]
+    fn gssapi_runs_kinit_against_the_kdc_of_kerberos_config() {
+        if std::process::Command::new("kinit").arg("-V").output().is_err() {
+            panic!("kinit is missing: scripts/deps.sh installs krb5-user");
+        }
+        let kdc = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        kdc.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let krb5_conf = format!(
+            "[libdefaults]\n default_realm = HOIST.TEST\n dns_lookup_kdc = false\n dns_lookup_realm = false\n[realms]\n HOIST.TEST = {{\n  kdc = {}\n }}\n",
+            kdc.local_addr().unwrap()
+        );
+        let c = config(
+            &[("bootstrapServers", "127.0.0.1:1"), ("consumerGroup", "g"), ("topic", "t")],
+            &[
+                ("sasl", "gssapi"),
+                ("username", "scaler"),
+                ("password", "kerberos-password"),
+                ("realm", "HOIST.TEST"),
+                ("kerberosConfig", &krb5_conf),
+            ],
+        );
+        let client = create_client(&c).unwrap();
+        let mut request = [0u8; 2048];
+        let (length, _) = kdc.recv_from(&mut request).expect("an AS-REQ from kinit");
+        let request = String::from_utf8_lossy(&request[..length]);
+        assert!(request.contains("scaler"), "the principal's name");
+        assert!(request.contains("HOIST.TEST"), "the realm");
+        assert!(request.contains("krbtgt"), "a ticket-granting ticket is asked for");
+        // Closing the KDC first makes kinit's retries fail at once, so the
+        // client (which waits for kinit when dropped) closes quickly.
+        drop(kdc);
+        drop(client);
+    }
+
     /// The mock cluster speaks no SASL, so this stops at what hoist owns:
     /// librdkafka asks hoist for a token when the client starts and again
     /// before the token ends, and the token reaches no log line.
