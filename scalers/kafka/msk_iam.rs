@@ -23,22 +23,12 @@ const SIGNING_NAME: &str = "kafka-cluster";
 const USER_AGENT: &str = concat!("hoist/", env!("CARGO_PKG_VERSION"));
 
 /// Static AWS credentials (an access key, and a session token when they
-/// are temporary).
-#[derive(Clone, PartialEq, Eq)]
+/// are temporary). `Debug` masks the secrets (`Secret`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AwsCredentials {
     pub access_key_id: String,
     pub secret_access_key: Secret,
     pub session_token: Option<Secret>,
-}
-
-impl std::fmt::Debug for AwsCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AwsCredentials")
-            .field("access_key_id", &self.access_key_id)
-            .field("secret_access_key", &self.secret_access_key)
-            .field("session_token", &self.session_token)
-            .finish()
-    }
 }
 
 /// A token and when it stops being valid.
