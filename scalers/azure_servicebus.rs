@@ -76,17 +76,19 @@ pub struct ServiceBusConfig {
 
 use Origin::{Auth, Env, Metadata};
 
-/// KEDA's `cloud` names and their Service Bus endpoint suffixes.
+/// KEDA's `cloud` names and their Service Bus endpoint suffixes, compared
+/// case-insensitively with every alias KEDA takes (kedacore/keda
+/// pkg/scalers/azure/cloud_config.go, `environments` and
+/// `EnvironmentFromName`; `Private` from azure_cloud_environment.go,
+/// `ParseEnvironmentProperty`). An empty `cloud` is the public cloud there too.
 fn endpoint_suffix(params: &Params) -> Result<String, MetadataError> {
-    let cloud = params
-        .string(&["cloud"], &[Metadata])
-        .unwrap_or_else(|| "AzurePublicCloud".to_string());
-    let suffix = match cloud.to_ascii_lowercase().as_str() {
-        "azurepubliccloud" => "servicebus.windows.net",
-        "azurechinacloud" => "servicebus.chinacloudapi.cn",
-        "azureusgovernmentcloud" => "servicebus.usgovcloudapi.net",
-        "azuregermancloud" => "servicebus.cloudapi.de",
-        "private" => {
+    let cloud = params.string(&["cloud"], &[Metadata]).unwrap_or_default();
+    let suffix = match cloud.to_ascii_uppercase().as_str() {
+        "" | "AZUREPUBLICCLOUD" | "AZURECLOUD" => "servicebus.windows.net",
+        "AZURECHINACLOUD" => "servicebus.chinacloudapi.cn",
+        "AZUREUSGOVERNMENTCLOUD" | "AZUREUSGOVERNMENT" => "servicebus.usgovcloudapi.net",
+        "AZUREGERMANCLOUD" => "servicebus.cloudapi.de",
+        "PRIVATE" => {
             return params
                 .string(&["endpointSuffix"], &[Metadata])
                 .ok_or_else(|| MetadataError::missing("endpointSuffix", "cloud `Private` needs an endpointSuffix"));
@@ -95,7 +97,7 @@ fn endpoint_suffix(params: &Params) -> Result<String, MetadataError> {
             return Err(MetadataError::invalid(
                 "cloud",
                 format!(
-                    "`{cloud}` is not AzurePublicCloud, AzureChinaCloud, AzureUSGovernmentCloud, AzureGermanCloud or Private"
+                    "`{cloud}` is not a cloud KEDA knows: AzurePublicCloud (AzureCloud), AzureUSGovernmentCloud (AzureUSGovernment), AzureChinaCloud, AzureGermanCloud or Private"
                 ),
             ));
         }
@@ -494,6 +496,38 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("`podIdentity`"), "{err}");
+    }
+
+    #[test]
+    fn cloud_takes_every_alias_keda_takes_in_any_case() {
+        let suffix = |cloud: &str, extra: &[(&str, &str)]| {
+            let mut metadata = vec![("queueName", "q"), ("namespace", "orders"), ("cloud", cloud)];
+            metadata.extend_from_slice(extra);
+            parse_pairs(&metadata, &[("podIdentity", "azure-workload")])
+                .map(|config| config.fully_qualified_namespace.unwrap())
+        };
+        for (cloud, expected) in [
+            ("AzurePublicCloud", "orders.servicebus.windows.net"),
+            ("AzureCloud", "orders.servicebus.windows.net"),
+            ("azurecloud", "orders.servicebus.windows.net"),
+            ("", "orders.servicebus.windows.net"),
+            ("AzureUSGovernmentCloud", "orders.servicebus.usgovcloudapi.net"),
+            ("AzureUSGovernment", "orders.servicebus.usgovcloudapi.net"),
+            ("AZUREUSGOVERNMENT", "orders.servicebus.usgovcloudapi.net"),
+            ("AzureChinaCloud", "orders.servicebus.chinacloudapi.cn"),
+            ("azurechinacloud", "orders.servicebus.chinacloudapi.cn"),
+            ("AzureGermanCloud", "orders.servicebus.cloudapi.de"),
+        ] {
+            assert_eq!(suffix(cloud, &[]).unwrap(), expected, "cloud `{cloud}`");
+        }
+        for private in ["Private", "private", "PRIVATE"] {
+            let fqdn = suffix(private, &[("endpointSuffix", "servicebus.example.net")]).unwrap();
+            assert_eq!(fqdn, "orders.servicebus.example.net");
+            let err = suffix(private, &[]).unwrap_err();
+            assert!(err.to_string().contains("`endpointSuffix`"), "{err}");
+        }
+        let err = suffix("AzureMoonCloud", &[]).unwrap_err();
+        assert!(err.to_string().contains("`cloud`") && err.to_string().contains("AzureMoonCloud"), "{err}");
     }
 
     #[test]

@@ -11,10 +11,16 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::{ClientContext, OAuthToken};
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::{SourceTls, Kind, Measurement, ObserveError, Query, Source, Trigger, metric_name};
+mod kerberos;
+pub mod msk_iam;
+use msk_iam::AwsCredentials;
+
+use super::{Kind, Measurement, ObserveError, Query, Source, SourceTls, Trigger, metric_name};
 use crate::metadata::{MetadataError, Origin, Params};
 use crate::secret::{Secret, fingerprint};
 
@@ -45,24 +51,33 @@ pub enum Sasl {
         scopes: Vec<String>,
         extensions: BTreeMap<String, String>,
     },
-    /// Parsed as KEDA does; hoist reports it unsupported when connecting.
-    AwsMskIam { region: String },
-    /// Parsed as KEDA does; hoist reports it unsupported when connecting.
-    Gssapi { realm: String, service_name: String },
+    /// AWS MSK IAM: OAUTHBEARER tokens hoist signs (see `msk_iam`).
+    AwsMskIam { region: String, credentials: AwsAuth },
+    /// Kerberos through librdkafka's Cyrus SASL: a ticket from `kinit`
+    /// with the keytab or the password, using `kerberosConfig`.
+    Gssapi {
+        realm: String,
+        service_name: String,
+        keytab: Secret,
+        kerberos_config: String,
+        disable_fast: bool,
+    },
 }
 
-impl Sasl {
-    fn name(&self) -> &'static str {
-        match self {
-            Sasl::None => "none",
-            Sasl::Plaintext => "plaintext",
-            Sasl::ScramSha256 => "scram_sha256",
-            Sasl::ScramSha512 => "scram_sha512",
-            Sasl::OAuthBearer { .. } => "oauthbearer",
-            Sasl::AwsMskIam { .. } => "oauthbearer (aws_msk_iam)",
-            Sasl::Gssapi { .. } => "gssapi",
-        }
-    }
+/// Where AWS MSK IAM credentials come from, as KEDA's
+/// `GetAwsAuthorization` (kedacore/keda pkg/scalers/aws/aws_common.go)
+/// reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AwsAuth {
+    /// An access key from the auth profile or the trigger's env.
+    Static(AwsCredentials),
+    /// `podIdentity: aws` or `identityOwner: operator`: hoist's own
+    /// credentials (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_SESSION_TOKEN` in its environment).
+    Own,
+    /// `awsRoleArn`: parsed as KEDA does; assuming a role is not
+    /// implemented, which the first poll reports.
+    Role(String),
 }
 
 /// The typed form of the metadata (KEDA's `kafkaMetadata`).
@@ -172,15 +187,12 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
     let enable_tls = enumeration(params, "tls", &[Metadata, Auth], &["enable", "disable"])? == Some("enable");
     let unsafe_ssl = flag("unsafeSsl", false)?;
     let auth = |name: &str| params.string(&[name], &[Auth]).unwrap_or_default();
-    let ca = auth("ca");
-    let cert = auth("cert");
-    let key = Secret::new(auth("key"));
-    let key_password = Secret::new(auth("keyPassword"));
+    let tls = SourceTls::from_auth(params, enable_tls, unsafe_ssl);
     if enable_tls {
-        if !cert.is_empty() && key.is_empty() {
+        if !tls.cert.is_empty() && tls.key.is_empty() {
             return Err(MetadataError::missing("key", "key must be provided with cert"));
         }
-        if !key.is_empty() && cert.is_empty() {
+        if !tls.key.is_empty() && tls.cert.is_empty() {
             return Err(MetadataError::missing("cert", "cert must be provided with key"));
         }
     }
@@ -228,7 +240,10 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
                         .required(&["awsRegion"], &[Metadata], "no awsRegion given")?
                         .value
                         .to_string();
-                    Sasl::AwsMskIam { region }
+                    Sasl::AwsMskIam {
+                        region,
+                        credentials: aws_auth(params)?,
+                    }
                 }
                 _ => {
                     need_credentials()?;
@@ -259,7 +274,7 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
             }
         }
         Some(_) => {
-            // gssapi
+            // gssapi (KEDA's `parseGSSAPIParams`)
             if username.is_empty() {
                 return Err(MetadataError::missing("username", "no username given"));
             }
@@ -271,11 +286,17 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
                 ));
             }
             let realm = params.required(&["realm"], &[Auth], "no realm given")?.value.to_string();
-            params.required(&["kerberosConfig"], &[Auth], "no Kerberos configuration (kerberosConfig) given")?;
-            params.boolean(&["kerberosDisableFAST"], &[Auth], false)?;
+            let kerberos_config = params
+                .required(&["kerberosConfig"], &[Auth], "no Kerberos configuration (kerberosConfig) given")?
+                .value
+                .to_string();
+            let disable_fast = params.boolean(&["kerberosDisableFAST"], &[Auth], false)?;
             Sasl::Gssapi {
                 realm,
                 service_name: auth("kerberosServiceName"),
+                keytab: Secret::new(keytab),
+                kerberos_config,
+                disable_fast,
             }
         }
     };
@@ -295,18 +316,55 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
         ensure_even_distribution_of_partitions,
         full_metadata,
         version,
-        tls: SourceTls {
-            enabled: enable_tls,
-            unsafe_ssl,
-            ca,
-            cert,
-            key,
-            key_password,
-        },
+        tls,
         sasl,
         username,
         password,
     })
+}
+
+/// KEDA's `GetAwsAuthorization` for `aws_msk_iam`, key by key.
+fn aws_auth(params: &Params) -> Result<AwsAuth, MetadataError> {
+    let pod_identity = params.string(&["podIdentity"], &[Auth, Metadata]).unwrap_or_default();
+    let role = params.string(&["awsRoleArn"], &[Auth]).filter(|r| !r.is_empty());
+    if pod_identity == "aws" {
+        return Ok(role.map_or(AwsAuth::Own, AwsAuth::Role));
+    }
+    match params.string(&["identityOwner"], &[Metadata]).as_deref() {
+        Some("operator") => return Ok(AwsAuth::Own),
+        None | Some("" | "pod") => {}
+        Some(other) => {
+            return Err(MetadataError::invalid(
+                "identityOwner",
+                format!("`{other}` is not `pod` or `operator`"),
+            ));
+        }
+    }
+    if let Some(role) = role {
+        return Ok(AwsAuth::Role(role));
+    }
+    let no_secret = || MetadataError::missing("awsSecretAccessKey", "awsSecretAccessKey not found");
+    let from_auth = params.string(&["awsAccessKeyID", "awsAccessKeyId"], &[Auth]).filter(|k| !k.is_empty());
+    let (access_key_id, secret, session_token) = match from_auth {
+        Some(access_key_id) => (
+            access_key_id,
+            params.string(&["awsSecretAccessKey"], &[Auth]),
+            params.string(&["awsSessionToken"], &[Auth]).filter(|t| !t.is_empty()),
+        ),
+        None => {
+            let access_key_id = params
+                .string(&["awsAccessKeyID"], &[Metadata, Env])
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| MetadataError::missing("awsAccessKeyID", "awsAccessKeyID not found"))?;
+            (access_key_id, params.string(&["awsSecretAccessKey"], &[Env]), None)
+        }
+    };
+    let secret = secret.filter(|s| !s.is_empty()).ok_or_else(no_secret)?;
+    Ok(AwsAuth::Static(AwsCredentials {
+        access_key_id,
+        secret_access_key: Secret::new(secret),
+        session_token: session_token.map(Secret::new),
+    }))
 }
 
 /// `1,2,5-7` → `[1, 2, 5, 6, 7]`.
@@ -508,8 +566,25 @@ fn cluster_key(c: &KafkaConfig) -> String {
         c.tls.cert,
         c.sasl,
         c.username,
-        fingerprint(&[&c.password, &c.tls.key, &c.tls.key_password]),
+        fingerprint(&secrets(c)),
     )
+}
+
+/// Every secret that tells two connections apart.
+fn secrets(c: &KafkaConfig) -> Vec<&Secret> {
+    let mut secrets = vec![&c.password, &c.tls.key, &c.tls.key_password];
+    match &c.sasl {
+        Sasl::AwsMskIam {
+            credentials: AwsAuth::Static(credentials),
+            ..
+        } => {
+            secrets.push(&credentials.secret_access_key);
+            secrets.extend(&credentials.session_token);
+        }
+        Sasl::Gssapi { keytab, .. } => secrets.push(keytab),
+        _ => {}
+    }
+    secrets
 }
 
 fn query_key(c: &KafkaConfig) -> String {
@@ -542,19 +617,132 @@ fn describe(c: &KafkaConfig) -> String {
     )
 }
 
+/// The client's context: librdkafka's log lines go to tracing, and for
+/// AWS MSK IAM it signs the OAUTHBEARER tokens librdkafka asks for (when
+/// the client is polled: `KafkaSource::measure` polls before each read).
+pub struct KafkaContext {
+    msk: Option<MskIam>,
+}
+
+struct MskIam {
+    region: String,
+    credentials: AwsAuth,
+    lifetime: Duration,
+    /// Tokens made so far, for tests and logs.
+    issued: std::sync::atomic::AtomicU64,
+}
+
+impl KafkaContext {
+    fn new(c: &KafkaConfig) -> Self {
+        let msk = match &c.sasl {
+            Sasl::AwsMskIam { region, credentials } => Some(MskIam {
+                region: region.clone(),
+                credentials: credentials.clone(),
+                lifetime: msk_iam::TOKEN_LIFETIME,
+                issued: Default::default(),
+            }),
+            _ => None,
+        };
+        Self { msk }
+    }
+
+    /// How many MSK IAM tokens this client has made.
+    pub fn tokens_issued(&self) -> u64 {
+        self.msk.as_ref().map_or(0, |m| m.issued.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl MskIam {
+    fn credentials(&self) -> Result<AwsCredentials, String> {
+        match &self.credentials {
+            AwsAuth::Static(credentials) => Ok(credentials.clone()),
+            AwsAuth::Own => {
+                let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+                let (Some(access_key_id), Some(secret)) = (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) else {
+                    return Err("hoist's own AWS credentials are used (podIdentity aws or identityOwner operator) but AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set in its environment".into());
+                };
+                Ok(AwsCredentials {
+                    access_key_id,
+                    secret_access_key: Secret::new(secret),
+                    session_token: var("AWS_SESSION_TOKEN").map(Secret::new),
+                })
+            }
+            AwsAuth::Role(_) => Err(
+                "`awsRoleArn`: assuming an AWS role is not supported by hoist; give an access key (awsAccessKeyID, awsSecretAccessKey) or hoist's own credentials".into(),
+            ),
+        }
+    }
+}
+
+impl ClientContext for KafkaContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        use RDKafkaLogLevel::*;
+        // librdkafka reports a failed broker connection as an error; the
+        // poll's own failure already says so, so these are warnings.
+        match level {
+            Emerg | Alert | Critical => tracing::error!(target: "librdkafka", facility, "{message}"),
+            Error | Warning => tracing::warn!(target: "librdkafka", facility, "{message}"),
+            Notice | Info => tracing::info!(target: "librdkafka", facility, "{message}"),
+            Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
+        }
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        // Connection trouble shows up in the poll's own error too.
+        tracing::debug!(target: "librdkafka", %error, "{reason}");
+    }
+
+    fn generate_oauth_token(&self, _config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        let msk = self.msk.as_ref().ok_or("no OAUTHBEARER token provider configured")?;
+        let credentials = msk.credentials()?;
+        let token = msk_iam::token(&msk.region, &credentials, std::time::SystemTime::now(), msk.lifetime)?;
+        msk.issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(region = %msk.region, "signed a new AWS MSK IAM token");
+        Ok(OAuthToken {
+            token: token.value.expose().to_string(),
+            principal_name: credentials.access_key_id,
+            lifetime_ms: msk_iam::unix_ms(token.expires_at),
+        })
+    }
+}
+
+impl ConsumerContext for KafkaContext {}
+
+type Client = BaseConsumer<KafkaContext>;
+
 /// Clients shared by every source on the same cluster, credentials and
 /// group: librdkafka fetches committed offsets for its own `group.id`.
-fn pooled_client(c: &KafkaConfig) -> Result<Arc<BaseConsumer>, ObserveError> {
-    static POOL: OnceLock<Mutex<HashMap<String, Weak<BaseConsumer>>>> = OnceLock::new();
+fn pooled_client(c: &KafkaConfig) -> Result<Arc<Client>, ObserveError> {
+    static POOL: OnceLock<Mutex<HashMap<String, Weak<Client>>>> = OnceLock::new();
     let key = format!("{}|group={}", cluster_key(c), c.consumer_group);
     let mut pool = POOL.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     pool.retain(|_, client| client.strong_count() > 0);
     if let Some(client) = pool.get(&key).and_then(Weak::upgrade) {
         return Ok(client);
     }
-    let client = Arc::new(client_config(c)?.create::<BaseConsumer>().map_err(|e| ObserveError::Config(e.to_string()))?);
+    let client = Arc::new(create_client(c)?);
     pool.insert(key, Arc::downgrade(&client));
     Ok(client)
+}
+
+fn create_client(c: &KafkaConfig) -> Result<Client, ObserveError> {
+    client_config(c)?
+        .create_with_context(KafkaContext::new(c))
+        .map_err(|e| ObserveError::Config(e.to_string()))
+}
+
+/// Serves what librdkafka queued for the application: log lines, and the
+/// OAUTHBEARER token refreshes of AWS MSK IAM (signed here, at startup and
+/// before each token's end). The client subscribes to nothing, so no
+/// message is ever taken.
+fn serve_events(client: &Client) {
+    for _ in 0..64 {
+        if client.poll(Duration::ZERO).is_none() {
+            break;
+        }
+    }
 }
 
 fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
@@ -564,6 +752,11 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
         .set("group.id", &c.consumer_group)
         .set("client.id", "hoist")
         .set("enable.auto.commit", "false")
+        // KEDA reads the high watermark (Sarama's ListOffsets v1 carries
+        // no isolation level: kedacore/keda pkg/scalers/kafka_scaler.go,
+        // `getProducerOffsets`), not the last stable offset librdkafka's
+        // default `read_committed` asks for: open transactions count.
+        .set("isolation.level", "read_uncommitted")
         .set("socket.timeout.ms", "10000")
         .set("reconnect.backoff.max.ms", "5000")
         .set("log_level", "3");
@@ -572,12 +765,8 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
         Sasl::Plaintext => Some("PLAIN"),
         Sasl::ScramSha256 => Some("SCRAM-SHA-256"),
         Sasl::ScramSha512 => Some("SCRAM-SHA-512"),
-        unsupported => {
-            return Err(ObserveError::Config(format!(
-                "sasl `{}` is not supported by hoist yet; use plaintext, scram_sha256 or scram_sha512",
-                unsupported.name()
-            )));
-        }
+        Sasl::OAuthBearer { .. } | Sasl::AwsMskIam { .. } => Some("OAUTHBEARER"),
+        Sasl::Gssapi { .. } => Some("GSSAPI"),
     };
     let protocol = match (c.tls.enabled, mechanism.is_some()) {
         (false, false) => "plaintext",
@@ -587,20 +776,72 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
     };
     config.set("security.protocol", protocol);
     if let Some(mechanism) = mechanism {
-        config
-            .set("sasl.mechanism", mechanism)
-            .set("sasl.username", &c.username)
-            .set("sasl.password", c.password.expose());
+        config.set("sasl.mechanism", mechanism);
+    }
+    match &c.sasl {
+        Sasl::Plaintext | Sasl::ScramSha256 | Sasl::ScramSha512 => {
+            config
+                .set("sasl.username", &c.username)
+                .set("sasl.password", c.password.expose());
+        }
+        Sasl::OAuthBearer {
+            token_endpoint,
+            scopes,
+            extensions,
+        } => {
+            // librdkafka's own OIDC client-credentials flow, as KEDA's
+            // `OAuthBearerTokenProvider` (kedacore/keda
+            // pkg/scalers/kafka/kafka_scaler_oauth_token_provider.go): the
+            // username and password are the client ID and secret; the
+            // token is fetched and refreshed on librdkafka's background
+            // thread.
+            config
+                .set("sasl.oauthbearer.method", "oidc")
+                .set("sasl.oauthbearer.client.id", &c.username)
+                .set("sasl.oauthbearer.client.secret", c.password.expose())
+                .set("sasl.oauthbearer.token.endpoint.url", token_endpoint);
+            let scopes: Vec<&str> = scopes.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();
+            if !scopes.is_empty() {
+                config.set("sasl.oauthbearer.scope", scopes.join(" "));
+            }
+            if !extensions.is_empty() {
+                let pairs: Vec<String> = extensions.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                config.set("sasl.oauthbearer.extensions", pairs.join(","));
+            }
+        }
+        Sasl::Gssapi {
+            realm,
+            service_name,
+            keytab,
+            kerberos_config,
+            disable_fast: _,
+        } => {
+            let principal = if c.username.contains('@') {
+                c.username.clone()
+            } else {
+                format!("{}@{realm}", c.username)
+            };
+            let files = kerberos::files(kerberos_config, keytab, &c.password)?;
+            config
+                .set("sasl.kerberos.service.name", if service_name.is_empty() { "kafka" } else { service_name })
+                .set("sasl.kerberos.principal", &principal)
+                .set("sasl.kerberos.kinit.cmd", files.kinit_command(&principal)?);
+            if let Some(keytab) = &files.keytab {
+                config.set("sasl.kerberos.keytab", keytab.display().to_string());
+            }
+        }
+        Sasl::None | Sasl::AwsMskIam { .. } => {}
     }
     if c.tls.enabled {
         if !c.tls.ca.is_empty() {
             config.set("ssl.ca.pem", &c.tls.ca);
         }
         if !c.tls.cert.is_empty() {
-            config.set("ssl.certificate.pem", &c.tls.cert).set("ssl.key.pem", c.tls.key.expose());
-            if !c.tls.key_password.is_empty() {
-                config.set("ssl.key.password", c.tls.key_password.expose());
-            }
+            // Decrypted here rather than by OpenSSL (`ssl.key.password`), so
+            // Kafka and Redis take the same keys and refuse the same ones.
+            config
+                .set("ssl.certificate.pem", &c.tls.cert)
+                .set("ssl.key.pem", c.tls.client_key()?.expose());
         }
         if c.tls.unsafe_ssl {
             config
@@ -624,7 +865,18 @@ fn kafka_error(error: rdkafka::error::KafkaError) -> ObserveError {
 }
 
 /// One poll: metadata, committed offsets, latest offsets.
-fn read_offsets(c: &KafkaConfig, client: &BaseConsumer) -> Result<(Offsets, Offsets), ObserveError> {
+///
+/// Without a topic KEDA lists the group's committed offsets, then
+/// describes only those topics (kedacore/keda pkg/scalers/kafka_scaler.go,
+/// `getTopicPartitions`). librdkafka's mock cluster cannot answer that
+/// listing (OffsetFetch without topics), so hoist asks the group's offsets
+/// for the partitions of every topic the cluster lists and keeps the
+/// topics with a commit. A topic the cluster reports an error for cannot
+/// be asked and does not fail the poll (KEDA would not describe it unless
+/// the group committed to it); a topic hidden by a Describe ACL is skipped
+/// by both (the broker leaves it out of the listing too). With a topic,
+/// its error fails the poll, as in KEDA.
+fn read_offsets(c: &KafkaConfig, client: &Client) -> Result<(Offsets, Offsets), ObserveError> {
     let topic = (!c.topic.is_empty()).then_some(c.topic.as_str());
     let metadata = client.fetch_metadata(topic, REQUEST_TIMEOUT).map_err(kafka_error)?;
     if metadata.brokers().is_empty() {
@@ -636,6 +888,9 @@ fn read_offsets(c: &KafkaConfig, client: &BaseConsumer) -> Result<(Offsets, Offs
             continue; // internal topics (__consumer_offsets, ...)
         }
         if let Some(error) = described.error() {
+            if topic.is_none() {
+                continue;
+            }
             let error = rdkafka::types::RDKafkaErrorCode::from(error);
             return Err(ObserveError::Query(format!("topic `{}`: {error}", described.name())));
         }
@@ -706,7 +961,7 @@ pub struct KafkaSource {
     /// One poll at a time: a poll the driver gave up on still holds this
     /// until librdkafka returns, so failed polls cannot pile up threads.
     busy: Arc<tokio::sync::Mutex<()>>,
-    client: Mutex<Option<Arc<BaseConsumer>>>,
+    client: Mutex<Option<Arc<Client>>>,
     previous: Arc<Mutex<HashMap<(String, i32), i64>>>,
 }
 
@@ -737,6 +992,7 @@ impl KafkaSource {
         let previous = self.previous.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
+            serve_events(&client);
             let (committed, latest) = read_offsets(&config, &client)?;
             let mut previous = previous.lock().unwrap_or_else(|e| e.into_inner());
             let (lag, with_persistent) = total_lag(&config, &committed, &latest, &mut previous);
@@ -802,12 +1058,237 @@ mod tests {
         assert_eq!(settings.get("enable.ssl.certificate.verification"), Some("false"));
         settings.create::<BaseConsumer>().unwrap();
 
-        let gssapi = config(
+        assert_eq!(settings.get("isolation.level"), Some("read_uncommitted"), "KEDA reads the high watermark");
+    }
+
+    /// Each SASL mechanism KEDA offers makes a client this librdkafka
+    /// build accepts (OAUTHBEARER's OIDC needs curl, GSSAPI Cyrus SASL).
+    #[test]
+    fn oauthbearer_msk_iam_and_gssapi_make_clients_librdkafka_accepts() {
+        let base = [("bootstrapServers", "127.0.0.1:1"), ("consumerGroup", "g"), ("topic", "t")];
+        let bearer = config(
             &base,
-            &[("sasl", "gssapi"), ("username", "u"), ("password", "p"), ("realm", "R"), ("kerberosConfig", "x")],
+            &[
+                ("sasl", "oauthbearer"),
+                ("username", "client-id"),
+                ("password", "client-secret"),
+                ("oauthTokenEndpointUri", "http://127.0.0.1:1/token"),
+                ("scopes", "kafka, read"),
+                ("oauthExtensions", "logicalCluster=lkc-1,identityPoolId=pool-2"),
+            ],
         );
-        let err = client_config(&gssapi).err().unwrap();
-        assert!(err.to_string().contains("not supported"), "{err}");
+        let settings = client_config(&bearer).unwrap();
+        assert_eq!(settings.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        assert_eq!(settings.get("sasl.oauthbearer.method"), Some("oidc"));
+        assert_eq!(settings.get("sasl.oauthbearer.client.id"), Some("client-id"));
+        assert_eq!(settings.get("sasl.oauthbearer.scope"), Some("kafka read"));
+        assert_eq!(
+            settings.get("sasl.oauthbearer.extensions"),
+            Some("identityPoolId=pool-2,logicalCluster=lkc-1")
+        );
+        create_client(&bearer).unwrap_or_else(|e| panic!("oidc: {e}"));
+
+        let msk = config(
+            &[("bootstrapServers", "127.0.0.1:1"), ("consumerGroup", "g"), ("awsRegion", "eu-west-1")],
+            &[
+                ("sasl", "oauthbearer"),
+                ("saslTokenProvider", "aws_msk_iam"),
+                ("tls", "enable"),
+                ("awsAccessKeyID", "AKIDEXAMPLE"),
+                ("awsSecretAccessKey", "secret"),
+            ],
+        );
+        let settings = client_config(&msk).unwrap();
+        assert_eq!(settings.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        assert_eq!(settings.get("security.protocol"), Some("sasl_ssl"));
+        assert_eq!(settings.get("sasl.oauthbearer.method"), None, "hoist signs the tokens");
+        create_client(&msk).unwrap();
+
+        for credential in [("keytab", "keytab bytes"), ("password", "kerberos-password")] {
+            let gssapi = config(
+                &base,
+                &[
+                    ("sasl", "gssapi"),
+                    ("username", "hoist"),
+                    credential,
+                    ("realm", "EXAMPLE.COM"),
+                    // A KDC on a closed loopback port: kinit fails at once.
+                    (
+                        "kerberosConfig",
+                        "[libdefaults]\n default_realm = EXAMPLE.COM\n dns_lookup_kdc = false\n[realms]\n EXAMPLE.COM = {\n  kdc = 127.0.0.1:1\n }\n",
+                    ),
+                ],
+            );
+            let settings = client_config(&gssapi).unwrap();
+            assert_eq!(settings.get("sasl.mechanism"), Some("GSSAPI"));
+            assert_eq!(settings.get("sasl.kerberos.principal"), Some("hoist@EXAMPLE.COM"));
+            assert_eq!(settings.get("sasl.kerberos.service.name"), Some("kafka"));
+            let kinit = settings.get("sasl.kerberos.kinit.cmd").unwrap();
+            assert!(kinit.contains("KRB5_CONFIG="), "{kinit}");
+            assert!(!kinit.contains("kerberos-password"), "the password is read from a file: {kinit}");
+            create_client(&gssapi).unwrap_or_else(|e| panic!("gssapi with {}: {e}", credential.0));
+        }
+        let injected = config(
+            &base,
+            &[
+                ("sasl", "gssapi"),
+                ("username", "x'; rm -rf /; '"),
+                ("password", "p"),
+                ("realm", "R"),
+                ("kerberosConfig", "c"),
+            ],
+        );
+        let err = client_config(&injected).err().unwrap();
+        assert!(err.to_string().contains("`username`"), "{err}");
+    }
+
+    #[test]
+    fn aws_credentials_are_read_as_keda_reads_them() {
+        let msk = |metadata: &[(&str, &str)], auth: &[(&str, &str)]| {
+            let mut all = vec![("bootstrapServers", "b:1"), ("consumerGroup", "g"), ("awsRegion", "eu-west-1")];
+            all.extend_from_slice(metadata);
+            let mut auth_all = vec![("sasl", "oauthbearer"), ("saslTokenProvider", "aws_msk_iam"), ("tls", "enable")];
+            auth_all.extend_from_slice(auth);
+            let metadata: HashMap<String, String> = all.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            let auth: AuthParams = auth_all.iter().map(|(k, v)| (k.to_lowercase(), v.to_string())).collect();
+            parse_config(&Params::new(&metadata, &auth)).map(|c| match c.sasl {
+                Sasl::AwsMskIam { credentials, .. } => credentials,
+                other => panic!("{other:?}"),
+            })
+        };
+        let stat = msk(&[], &[("awsAccessKeyId", "AK"), ("awsSecretAccessKey", "S"), ("awsSessionToken", "T")]).unwrap();
+        assert_eq!(
+            stat,
+            AwsAuth::Static(AwsCredentials {
+                access_key_id: "AK".into(),
+                secret_access_key: Secret::new("S"),
+                session_token: Some(Secret::new("T")),
+            })
+        );
+        let from_env = msk(&[("awsAccessKeyIDFromEnv", "AK"), ("awsSecretAccessKeyFromEnv", "S")], &[]).unwrap();
+        assert!(matches!(from_env, AwsAuth::Static(c) if c.access_key_id == "AK" && c.session_token.is_none()));
+        assert_eq!(msk(&[], &[("awsRoleArn", "arn:aws:iam::1:role/r")]).unwrap(), AwsAuth::Role("arn:aws:iam::1:role/r".into()));
+        assert_eq!(msk(&[], &[("podIdentity", "aws")]).unwrap(), AwsAuth::Own);
+        assert_eq!(msk(&[("identityOwner", "operator")], &[]).unwrap(), AwsAuth::Own);
+        let err = msk(&[], &[("awsAccessKeyID", "AK")]).unwrap_err();
+        assert!(err.to_string().contains("`awsSecretAccessKey`"), "{err}");
+        let err = msk(&[], &[]).unwrap_err();
+        assert!(err.to_string().contains("`awsAccessKeyID`"), "{err}");
+    }
+
+    /// GSSAPI up to the KDC: librdkafka runs hoist's `kinit` command at
+    /// start, which reads `kerberosConfig` and asks the realm's KDC (a UDP
+    /// socket of this test) for a ticket for the principal.
+    #[test]
+    fn gssapi_runs_kinit_against_the_kdc_of_kerberos_config() {
+        if std::process::Command::new("kinit").arg("-V").output().is_err() {
+            panic!("kinit is missing: scripts/deps.sh installs krb5-user");
+        }
+        let kdc = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        kdc.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let krb5_conf = format!(
+            "[libdefaults]\n default_realm = HOIST.TEST\n dns_lookup_kdc = false\n dns_lookup_realm = false\n[realms]\n HOIST.TEST = {{\n  kdc = {}\n }}\n",
+            kdc.local_addr().unwrap()
+        );
+        let c = config(
+            &[("bootstrapServers", "127.0.0.1:1"), ("consumerGroup", "g"), ("topic", "t")],
+            &[
+                ("sasl", "gssapi"),
+                ("username", "scaler"),
+                ("password", "kerberos-password"),
+                ("realm", "HOIST.TEST"),
+                ("kerberosConfig", &krb5_conf),
+            ],
+        );
+        let client = create_client(&c).unwrap();
+        let mut request = [0u8; 2048];
+        let (length, _) = kdc.recv_from(&mut request).expect("an AS-REQ from kinit");
+        let request = String::from_utf8_lossy(&request[..length]);
+        assert!(request.contains("scaler"), "the principal's name");
+        assert!(request.contains("HOIST.TEST"), "the realm");
+        assert!(request.contains("krbtgt"), "a ticket-granting ticket is asked for");
+        // Closing the KDC first makes kinit's retries fail at once, so the
+        // client (which waits for kinit when dropped) closes quickly.
+        drop(kdc);
+        drop(client);
+    }
+
+    /// The mock cluster speaks no SASL, so this stops at what hoist owns:
+    /// librdkafka asks hoist for a token when the client starts and again
+    /// before the token ends, and the token reaches no log line.
+    #[test]
+    fn msk_iam_tokens_are_made_on_demand_refreshed_before_their_end_and_never_logged() {
+        use std::io::Write;
+
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+
+        let secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY";
+        let c = config(
+            &[("bootstrapServers", "127.0.0.1:1"), ("consumerGroup", "g"), ("awsRegion", "eu-west-1")],
+            &[
+                ("sasl", "oauthbearer"),
+                ("saslTokenProvider", "aws_msk_iam"),
+                ("tls", "enable"),
+                ("awsAccessKeyID", "AKIDEXAMPLE"),
+                ("awsSecretAccessKey", secret),
+            ],
+        );
+        let mut settings = client_config(&c).unwrap();
+        // Every librdkafka debug line about security and brokers, to show
+        // the token is not among them.
+        settings.set("debug", "security,broker,protocol").set_log_level(RDKafkaLogLevel::Debug);
+        let mut context = KafkaContext::new(&c);
+        // A short-lived token: librdkafka asks for the next one at 80 % of
+        // its life, on its one-second timer.
+        context.msk.as_mut().unwrap().lifetime = Duration::from_secs(2);
+        let client: Client = settings.create_with_context(context).unwrap();
+        assert_eq!(client.context().tokens_issued(), 0, "made when asked, not before");
+        serve_events(&client);
+        assert_eq!(client.context().tokens_issued(), 1, "asked for at start");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while client.context().tokens_issued() < 2 && std::time::Instant::now() < deadline {
+            // Waits up to 100 ms for librdkafka's next event.
+            let _ = client.poll(Duration::from_millis(100));
+        }
+        assert!(client.context().tokens_issued() >= 2, "refreshed before its end");
+
+        // The token of this second, to look for in the logs.
+        let token = msk_iam::token(
+            "eu-west-1",
+            &AwsCredentials {
+                access_key_id: "AKIDEXAMPLE".into(),
+                secret_access_key: Secret::new(secret),
+                session_token: None,
+            },
+            std::time::SystemTime::now(),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        drop(client);
+        let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(logs.contains("signed a new AWS MSK IAM token"), "{logs}");
+        assert!(logs.contains("librdkafka"), "librdkafka's lines were captured: {logs}");
+        // Any token carries this prefix (base64 of the fixed URL start).
+        let prefix = &token.value.expose()[..40];
+        assert!(!logs.contains(prefix), "a token reached the logs");
+        assert!(!logs.contains(secret), "the secret key reached the logs");
     }
 
     #[test]

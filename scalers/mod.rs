@@ -82,6 +82,34 @@ pub struct SourceTls {
     pub key_password: crate::secret::Secret,
 }
 
+impl SourceTls {
+    /// TLS as both of KEDA's scalers hoist mirrors read it: whether it is
+    /// on and verification is skipped decided by the caller (each scaler
+    /// has its own keys for that), PEM material and `keyPassword` from the
+    /// auth profile (TriggerAuthentication params in KEDA).
+    pub fn from_auth(params: &Params, enabled: bool, unsafe_ssl: bool) -> Self {
+        use crate::metadata::Origin::Auth;
+        use crate::secret::Secret;
+        let auth = |name: &str| params.string(&[name], &[Auth]).unwrap_or_default();
+        Self {
+            enabled,
+            unsafe_ssl,
+            ca: auth("ca"),
+            cert: auth("cert"),
+            key: Secret::new(auth("key")),
+            key_password: Secret::new(auth("keyPassword")),
+        }
+    }
+
+    /// The client key in clear PEM (decrypted when `keyPassword` is set).
+    /// Done when connecting, as KEDA does when it builds its client, so a
+    /// key that cannot be used fails the measurement, naming the key.
+    pub fn client_key(&self) -> Result<crate::secret::Secret, ObserveError> {
+        crate::tls::client_key(&self.key, &self.key_password)
+            .map_err(|e| ObserveError::Config(e.to_string()))
+    }
+}
+
 /// Something that can be measured.
 pub trait Source: Send + Sync + 'static {
     /// Measures the current value once. The caller bounds it with a timeout

@@ -117,10 +117,6 @@ pub fn parse_config(mode: Mode, params: &Params) -> Result<RedisConfig, Metadata
     let sentinel_password = Secret::new(string(&["sentinelPassword"], &[Metadata, Auth, Env]));
     let sentinel_master = string(&["sentinelMaster"], &[Metadata, Auth, Env]);
     let unsafe_ssl = params.boolean(&["unsafeSsl"], &[Metadata], false)?;
-    let cert = string(&["Cert", "cert"], &[Auth]);
-    let key = Secret::new(string(&["key"], &[Auth]));
-    let key_password = Secret::new(string(&["keyPassword"], &[Auth]));
-    let ca = string(&["ca"], &[Auth]);
 
     let metadata_tls = params.find(&["enableTLS"], &[Metadata]);
     let auth_tls = params.find(&["tls"], &[Auth]);
@@ -161,14 +157,7 @@ pub fn parse_config(mode: Mode, params: &Params) -> Result<RedisConfig, Metadata
         sentinel_username,
         sentinel_password,
         sentinel_master,
-        tls: SourceTls {
-            enabled: enable_tls,
-            unsafe_ssl,
-            ca,
-            cert,
-            key,
-            key_password,
-        },
+        tls: SourceTls::from_auth(params, enable_tls, unsafe_ssl),
     })
 }
 
@@ -301,17 +290,19 @@ enum Connection {
 }
 
 impl Connection {
+    /// Plain `EVAL`, as KEDA sends (kedacore/keda pkg/scalers/redis_scaler.go,
+    /// `createRedisScalerWithClient` and `createClusteredRedisScaler`:
+    /// `client.Eval`): an ACL user granted `+eval` alone must be able to
+    /// scale, so no `EVALSHA` first and no `SCRIPT LOAD` after.
     async fn length(&mut self, key: &str) -> redis::RedisResult<i64> {
-        let invocation = LENGTH.key(key);
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(LENGTH_SCRIPT).arg(1).arg(key);
         match self {
-            Connection::Single(c) => invocation.invoke_async(c).await,
-            Connection::Cluster(c) => invocation.invoke_async(c).await,
+            Connection::Single(c) => eval.query_async(c).await,
+            Connection::Cluster(c) => eval.query_async(c).await,
         }
     }
 }
-
-/// Compiled (hashed) once for the process, not once per trigger.
-static LENGTH: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LENGTH_SCRIPT));
 
 /// The connection every poller of one Redis deployment (same addresses,
 /// database, credentials and TLS) shares: one socket per server however
@@ -502,11 +493,6 @@ impl RedisSource {
         if !c.tls.enabled || (c.tls.ca.is_empty() && c.tls.cert.is_empty()) {
             return Ok(None);
         }
-        if !c.tls.key_password.is_empty() {
-            return Err(ObserveError::Config(
-                "`keyPassword`: encrypted client keys are not supported; give hoist the key unencrypted".into(),
-            ));
-        }
         let client_tls = match (c.tls.cert.is_empty(), c.tls.key.is_empty()) {
             (true, _) => None,
             (false, true) => {
@@ -516,7 +502,7 @@ impl RedisSource {
             }
             (false, false) => Some(redis::ClientTlsConfig {
                 client_cert: c.tls.cert.as_bytes().to_vec(),
-                client_key: c.tls.key.expose().as_bytes().to_vec(),
+                client_key: c.tls.client_key()?.expose().as_bytes().to_vec(),
             }),
         };
         let root_cert = (!c.tls.ca.is_empty()).then(|| c.tls.ca.as_bytes().to_vec());

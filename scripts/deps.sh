@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building hoist needs on a fresh Debian/Ubuntu machine:
-# a C toolchain, make, pkg-config and OpenSSL headers for librdkafka (the
-# Kafka client, built from source by the rdkafka crate). Extra package
+# a C toolchain, make, pkg-config, and the OpenSSL, libcurl and Cyrus SASL
+# headers for librdkafka (the Kafka client, built from source by the
+# rdkafka crate with TLS, OAUTHBEARER's OIDC token fetch and GSSAPI), with
+# kinit and SASL's GSSAPI plugin for Kafka's `sasl: gssapi`. Extra package
 # names given as arguments are installed too (scripts/test.sh adds
 # redis-server). Does nothing when everything is there.
 set -euo pipefail
@@ -12,6 +14,10 @@ command -v c++ >/dev/null 2>&1 || missing+=(g++)
 command -v make >/dev/null 2>&1 || missing+=(make)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+pkg-config --exists libcurl 2>/dev/null || missing+=(libcurl4-openssl-dev)
+pkg-config --exists libsasl2 2>/dev/null || missing+=(libsasl2-dev)
+dpkg -s libsasl2-modules-gssapi-mit >/dev/null 2>&1 || missing+=(libsasl2-modules-gssapi-mit)
+command -v kinit >/dev/null 2>&1 || missing+=(krb5-user)
 for package in "$@"; do
   case "$package" in
     redis-server) command -v redis-server >/dev/null 2>&1 || missing+=(redis-server) ;;

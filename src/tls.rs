@@ -1,6 +1,7 @@
 //! TLS for hoist's listeners: certificates read from files and re-read
 //! when they change (cert-manager rotation) without touching open
-//! connections, and an optional client CA that makes mTLS required.
+//! connections, and an optional client CA that makes mTLS required. Also
+//! the client keys hoist presents to sources (encrypted PKCS#8 decrypted).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+use crate::secret::Secret;
 
 /// `[grpc.tls]` / `[admin.tls]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -223,4 +226,54 @@ impl axum::serve::Listener for TlsListener {
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         Ok(self.local)
     }
+}
+
+/// Why a source's client key (`key`, `keyPassword`) cannot be used. The
+/// messages name the key and never show its material.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientKeyError {
+    #[error("`key` is not a PEM private key")]
+    NotPem,
+    #[error(
+        "`keyPassword` is set but `key` is a legacy OpenSSL-encrypted PEM (Proc-Type: 4,ENCRYPTED); give an encrypted PKCS#8 key (`openssl pkcs8 -topk8`), as KEDA needs too"
+    )]
+    LegacyEncryption,
+    #[error(
+        "`keyPassword` is set but `key` is not an encrypted PKCS#8 key (BEGIN ENCRYPTED PRIVATE KEY)"
+    )]
+    NotEncrypted,
+    #[error(
+        "`keyPassword` does not decrypt `key` (wrong password, or a cipher hoist does not know): {0}"
+    )]
+    Decrypt(String),
+}
+
+/// The client key to present, in clear PEM: `key` itself without a
+/// password; with one, `key` is an encrypted PKCS#8 key, decrypted as
+/// KEDA's `decryptClientKey` does (kedacore/keda pkg/util/tls_config.go,
+/// `NewTLSConfigWithPassword`: PKCS#8 with PBES2, or an error).
+pub fn client_key(key: &Secret, password: &Secret) -> Result<Secret, ClientKeyError> {
+    use pkcs8::der::pem::LineEnding;
+
+    if password.is_empty() {
+        return Ok(key.clone());
+    }
+    let text = key.expose();
+    if text.contains("Proc-Type: 4,ENCRYPTED") {
+        return Err(ClientKeyError::LegacyEncryption);
+    }
+    let (label, document) =
+        pkcs8::der::SecretDocument::from_pem(text).map_err(|_| ClientKeyError::NotPem)?;
+    if label != "ENCRYPTED PRIVATE KEY" {
+        return Err(ClientKeyError::NotEncrypted);
+    }
+    let encrypted = pkcs8::EncryptedPrivateKeyInfo::try_from(document.as_bytes())
+        .map_err(|e| ClientKeyError::Decrypt(e.to_string()))?;
+    let clear = encrypted
+        .decrypt(password.expose())
+        .map_err(|e| ClientKeyError::Decrypt(e.to_string()))?;
+    let pem = clear
+        .to_pem("PRIVATE KEY", LineEnding::LF)
+        .map_err(|e| ClientKeyError::Decrypt(e.to_string()))?;
+    Ok(Secret::new(pem.as_str()))
 }

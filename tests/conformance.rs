@@ -254,7 +254,7 @@ mod kafka {
                 _ => Value::Null,
             },
             "awsRegion" => match &c.sasl {
-                Sasl::AwsMskIam { region } => json!(region),
+                Sasl::AwsMskIam { region, .. } => json!(region),
                 _ => Value::Null,
             },
             other => panic!(

@@ -60,14 +60,22 @@ async fn active(hoist: &Hoist, object: &ScaledObjectRef) -> bool {
     hoist.active(object).await.unwrap()
 }
 
+/// A trigger of group `workers` on `orders` (or `extra`'s topic; an
+/// empty topic means every topic), with `extra` keys.
 fn trigger<'a>(name: &'a str, bootstrap: &'a str, extra: &[(&'a str, &'a str)]) -> ScaledObjectRef {
     let mut metadata = vec![
         ("scaler", "kafka"),
         ("bootstrapServers", bootstrap),
         ("consumerGroup", "workers"),
-        ("topic", "orders"),
     ];
-    metadata.extend_from_slice(extra);
+    if !extra.iter().any(|(key, _)| *key == "topic") {
+        metadata.push(("topic", "orders"));
+    }
+    metadata.extend(
+        extra
+            .iter()
+            .filter(|(key, value)| *key != "topic" || !value.is_empty()),
+    );
     object(name, &metadata)
 }
 
@@ -155,14 +163,7 @@ async fn lag_follows_kedas_arithmetic() {
 async fn without_a_topic_every_topic_the_group_committed_to_counts() {
     let (_cluster, bootstrap) = orders_cluster();
     let hoist = Hoist::start().await;
-    let all = object(
-        "all-topics",
-        &[
-            ("scaler", "kafka"),
-            ("bootstrapServers", &bootstrap),
-            ("consumerGroup", "workers"),
-        ],
-    );
+    let all = trigger("all-topics", &bootstrap, &[("topic", "")]);
     let spec = hoist.spec(&all).await;
     assert_eq!(spec.metric_name, "kafka-workers-topics");
     // `audit` has no commits from this group, so only `orders` counts.
@@ -401,6 +402,43 @@ async fn against_a_real_broker_when_one_is_given() {
         ],
     );
     assert_eq!(lag(&hoist, &real).await.unwrap(), 5.0);
+
+    // Messages of a transaction still open count, as in KEDA (the high
+    // watermark, not the last stable offset). The mock cluster has no
+    // last stable offset, so only a real broker shows this.
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set(
+            "transactional.id",
+            format!("hoist-test-{}", std::process::id()),
+        )
+        .create()
+        .expect("a transactional producer");
+    producer.init_transactions(Duration::from_secs(10)).unwrap();
+    producer.begin_transaction().unwrap();
+    for n in 0..3 {
+        let payload = format!("open {n}");
+        producer
+            .send(
+                BaseRecord::<(), _>::to(&topic)
+                    .partition(0)
+                    .payload(&payload),
+            )
+            .expect("queued");
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let open = object(
+        "real-broker-open-transaction",
+        &[
+            ("scaler", "kafka"),
+            ("bootstrapServers", &bootstrap),
+            ("consumerGroup", "hoist-test"),
+            ("topic", &topic),
+            ("offsetResetPolicy", "earliest"),
+        ],
+    );
+    assert_eq!(lag(&hoist, &open).await.unwrap(), 8.0);
+    producer.abort_transaction(Duration::from_secs(10)).unwrap();
 }
 
 #[tokio::test]
@@ -427,4 +465,116 @@ async fn a_thousand_partitions_are_read_in_one_poll() {
     );
     // 500 even partitions are 2 behind, 500 odd ones are caught up.
     assert_eq!(lag(&hoist, &wide).await.unwrap(), 1000.0);
+}
+
+/// Without a topic, a topic the group never consumed cannot fail the
+/// poll, even when the cluster reports an error for it; with that topic
+/// named, its error fails the poll, as in KEDA.
+#[tokio::test]
+async fn without_a_topic_other_topics_errors_do_not_fail_the_poll() {
+    let (cluster, bootstrap) = orders_cluster();
+    cluster.create_topic("broken", 2, 1).unwrap();
+    cluster
+        .topic_error(
+            "broken",
+            rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .unwrap();
+    let hoist = Hoist::start().await;
+    let all = trigger("all-topics", &bootstrap, &[("topic", "")]);
+    assert_eq!(lag(&hoist, &all).await.unwrap(), 16.0);
+
+    let broken = trigger("broken", &bootstrap, &[("topic", "broken")]);
+    let error = lag(&hoist, &broken).await.unwrap_err();
+    assert_eq!(error.code(), Code::Unavailable);
+    assert!(error.message().contains("broken"), "{}", error.message());
+}
+
+/// The token endpoint side of `sasl: oauthbearer`: librdkafka (built with
+/// curl) asks the endpoint for a client-credentials token with the
+/// trigger's client ID, secret, scopes. The mock cluster speaks no SASL, so
+/// the poll itself fails; the secret and the token never show.
+#[tokio::test]
+async fn oauthbearer_fetches_a_client_credentials_token_from_the_endpoint() {
+    use std::sync::{Arc, Mutex};
+
+    use axum::http::HeaderMap;
+    use base64::Engine;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    use hoist::config::{AuthValue, Settings};
+
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = format!(r#"{{"sub":"hoist","iat":{now},"exp":{}}}"#, now + 3600);
+    let token = format!(
+        "{}.{}.c2lnbmF0dXJl",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(claims)
+    );
+    let app = axum::Router::new().route(
+        "/token",
+        axum::routing::post({
+            let seen = seen.clone();
+            let token = token.clone();
+            move |headers: HeaderMap, body: String| async move {
+                let authorization = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                seen.lock().unwrap().push((authorization, body));
+                axum::Json(serde_json::json!({
+                    "access_token": token,
+                    "token_type": "bearer",
+                    "expires_in": 3600,
+                }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}/token", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let (_cluster, bootstrap) = orders_cluster();
+    let mut settings = Settings::default();
+    let literal = |v: &str| AuthValue::Literal(v.into());
+    settings.auth.insert(
+        "oauth".into(),
+        [
+            ("sasl".to_string(), literal("oauthbearer")),
+            ("username".to_string(), literal("client-id")),
+            ("password".to_string(), literal("client-secret-value")),
+            ("oauthTokenEndpointUri".to_string(), literal(&endpoint)),
+            ("scopes".to_string(), literal("kafka,read")),
+        ]
+        .into(),
+    );
+    let hoist = Hoist::start_with(settings).await;
+    let object = trigger("oauth", &bootstrap, &[("authRef", "oauth")]);
+    let status = lag(&hoist, &object).await;
+
+    support::eventually(Duration::from_secs(15), "a token request", || async {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    let (authorization, body) = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        authorization,
+        format!("Basic {}", STANDARD.encode("client-id:client-secret-value"))
+    );
+    assert!(body.contains("grant_type=client_credentials"), "{body}");
+    assert!(body.contains("scope=kafka"), "{body}");
+
+    let (_, metrics) = hoist.get("/metrics").await;
+    let message = status
+        .err()
+        .map(|s| s.message().to_string())
+        .unwrap_or_default();
+    for text in [message.as_str(), metrics.as_str()] {
+        assert!(!text.contains("client-secret-value"), "{text}");
+        assert!(!text.contains(&token), "{text}");
+    }
 }

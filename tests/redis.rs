@@ -583,39 +583,13 @@ async fn passwords_come_from_auth_profiles_and_never_show_in_errors() {
 
 #[tokio::test]
 async fn tls_to_redis_with_a_ca_from_the_auth_profile() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let server_key = rcgen::KeyPair::generate().unwrap();
-    let server = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&server_key, &issuer)
-        .unwrap();
-    let write = |name: &str, pem: String| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, pem).unwrap();
-        path.display().to_string()
-    };
-    let ca_file = write("ca.pem", ca.pem());
-    let cert_file = write("server.pem", server.pem());
-    let key_file = write("server.key", server_key.serialize_pem());
-
-    let tls_port = support::free_port().to_string();
-    let redis = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        &cert_file,
-        "--tls-key-file",
-        &key_file,
-        "--tls-ca-cert-file",
-        &ca_file,
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let TlsRedis {
+        redis,
+        port: tls_port,
+        ca_file,
+        _dir,
+        ..
+    } = TlsRedis::start(false);
     redis.command(&["RPUSH", "secure", "a", "b"]);
 
     let mut settings = Settings::default();
@@ -737,4 +711,213 @@ async fn pollers_of_one_redis_share_one_connection() {
     // 20 pollers, one socket (the counting call adds its own, as `before` did).
     assert_eq!(clients(&redis), before + 1);
     hoist.stop().await.unwrap();
+}
+
+/// KEDA sends plain `EVAL`: a Redis ACL user granted `+eval` (and the
+/// commands the script calls) but not `+evalsha` can scale.
+#[tokio::test]
+async fn an_acl_user_with_eval_and_without_evalsha_can_scale() {
+    let redis = RedisServer::start();
+    redis.command(&["RPUSH", "jobs", "a", "b", "c"]);
+    redis.command(&["SADD", "a-set", "x"]);
+    redis.command(&[
+        "ACL",
+        "SETUSER",
+        "scaler",
+        "on",
+        ">scaler-pass",
+        "~*",
+        "+@connection",
+        "+eval",
+        "+type",
+        "+llen",
+        "+scard",
+        "+zcard",
+        "+hlen",
+        "-evalsha",
+        "-script",
+    ]);
+    // The user really cannot run EVALSHA.
+    let mut as_scaler = redis::Client::open(format!(
+        "redis://scaler:scaler-pass@127.0.0.1:{}/",
+        redis.port
+    ))
+    .unwrap()
+    .get_connection()
+    .unwrap();
+    let refused: redis::RedisResult<i64> = redis::cmd("EVALSHA")
+        .arg("0000000000000000000000000000000000000000")
+        .arg(0)
+        .query(&mut as_scaler);
+    let refused = refused.unwrap_err().to_string();
+    assert!(
+        refused.to_ascii_lowercase().contains("permission"),
+        "the ACL refuses EVALSHA: {refused}"
+    );
+
+    let mut settings = Settings::default();
+    settings.auth.insert(
+        "eval-only".into(),
+        [
+            ("username".to_string(), AuthValue::Literal("scaler".into())),
+            (
+                "password".to_string(),
+                AuthValue::Literal("scaler-pass".into()),
+            ),
+        ]
+        .into(),
+    );
+    let hoist = Hoist::start_with(settings).await;
+    let on = |list: &str| {
+        object(
+            list,
+            &[
+                ("scaler", "redis"),
+                ("address", &redis.address()),
+                ("listName", list),
+                ("authRef", "eval-only"),
+            ],
+        )
+    };
+    assert_eq!(metric(&hoist, &on("jobs")).await.unwrap(), (3, 3.0));
+    assert_eq!(metric(&hoist, &on("a-set")).await.unwrap(), (1, 1.0));
+    assert!(redis.calls("eval") >= 2);
+    assert_eq!(redis.calls("evalsha"), 0);
+    assert_eq!(redis.calls("script|load"), 0);
+}
+
+/// Encrypted PKCS#8 client keys (`key` with `keyPassword`) are decrypted
+/// and presented to a Redis that requires client certificates. The key
+/// was encrypted by OpenSSL (`openssl pkcs8 -topk8 -v2 aes-256-cbc`).
+#[tokio::test]
+async fn mtls_to_redis_with_an_encrypted_client_key() {
+    const PASSWORD: &str = "kafka&redis key";
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let encrypted = std::fs::read_to_string(data.join("client-key.aes256.pkcs8.pem")).unwrap();
+    let clear = std::fs::read_to_string(data.join("client-key.clear.pkcs8.pem")).unwrap();
+
+    let TlsRedis {
+        redis,
+        port: tls_port,
+        ca,
+        issuer,
+        _dir,
+        ..
+    } = TlsRedis::start(true);
+    let client_key = rcgen::KeyPair::from_pem(&clear).unwrap();
+    let client = named("hoist", vec!["hoist".to_string()])
+        .signed_by(&client_key, &issuer)
+        .unwrap();
+    redis.command(&["RPUSH", "secure", "a", "b", "c"]);
+
+    let profile = |password: &str| -> hoist::config::AuthProfile {
+        [
+            ("tls".to_string(), AuthValue::Literal("enable".into())),
+            ("ca".to_string(), AuthValue::Literal(ca.clone())),
+            ("cert".to_string(), AuthValue::Literal(client.pem())),
+            ("key".to_string(), AuthValue::Literal(encrypted.clone())),
+            (
+                "keyPassword".to_string(),
+                AuthValue::Literal(password.into()),
+            ),
+        ]
+        .into()
+    };
+    let mut settings = Settings::default();
+    settings.auth.insert("encrypted".into(), profile(PASSWORD));
+    settings
+        .auth
+        .insert("wrong-password".into(), profile("not-the-password"));
+    let hoist = Hoist::start_with(settings).await;
+    let address = format!("localhost:{tls_port}");
+    let with = |name: &str, profile: &str| {
+        object(
+            name,
+            &[
+                ("scaler", "redis"),
+                ("address", &address),
+                ("listName", "secure"),
+                ("authRef", profile),
+            ],
+        )
+    };
+    assert_eq!(
+        metric(&hoist, &with("secure", "encrypted")).await.unwrap(),
+        (3, 3.0)
+    );
+    let refused = metric(&hoist, &with("secure-2", "wrong-password"))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.message().contains("`keyPassword`"),
+        "{}",
+        refused.message()
+    );
+    assert!(!refused.message().contains("not-the-password"));
+}
+
+/// Certificate parameters with a name of their own: OpenSSL (a Redis
+/// verifying hoist) takes a leaf named like its issuer for self-signed.
+fn named(name: &str, sans: Vec<String>) -> rcgen::CertificateParams {
+    let mut params = rcgen::CertificateParams::new(sans).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params
+}
+
+/// A `redis-server` with a TLS port, its certificate issued by a CA made
+/// here; with `require_client_certs`, clients must present one it issued.
+struct TlsRedis {
+    redis: RedisServer,
+    port: String,
+    ca: String,
+    ca_file: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    /// Holds the certificate files; keep it bound while Redis runs.
+    _dir: tempfile::TempDir,
+}
+
+impl TlsRedis {
+    fn start(require_client_certs: bool) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = named("hoist test CA", Vec::new());
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap().pem();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let server_key = rcgen::KeyPair::generate().unwrap();
+        let server = named("redis", vec!["localhost".to_string()])
+            .signed_by(&server_key, &issuer)
+            .unwrap();
+        let write = |name: &str, pem: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path.display().to_string()
+        };
+        let ca_file = write("ca.pem", ca.clone());
+        let cert_file = write("server.pem", server.pem());
+        let key_file = write("server.key", server_key.serialize_pem());
+        let port = support::free_port().to_string();
+        let redis = RedisServer::start_with(&[
+            "--tls-port",
+            &port,
+            "--tls-cert-file",
+            &cert_file,
+            "--tls-key-file",
+            &key_file,
+            "--tls-ca-cert-file",
+            &ca_file,
+            "--tls-auth-clients",
+            if require_client_certs { "yes" } else { "no" },
+        ]);
+        Self {
+            redis,
+            port,
+            ca,
+            ca_file,
+            issuer,
+            _dir: dir,
+        }
+    }
 }

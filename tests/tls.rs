@@ -197,3 +197,59 @@ async fn a_rotated_certificate_is_picked_up_without_dropping_connections() {
     };
     assert!(stale, "the old certificate is no longer served");
 }
+
+/// Client keys for sources (`key`, `keyPassword`): encrypted PKCS#8 keys
+/// made by OpenSSL are decrypted as KEDA's `decryptClientKey` does; what
+/// cannot be used is refused naming the key, never showing it.
+mod client_keys {
+    use hoist::secret::Secret;
+    use hoist::tls::{ClientKeyError, client_key};
+
+    const PASSWORD: &str = "kafka&redis key";
+
+    fn fixture(name: &str) -> Secret {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(name);
+        Secret::new(std::fs::read_to_string(path).unwrap())
+    }
+
+    #[test]
+    fn encrypted_pkcs8_keys_are_decrypted() {
+        let clear = fixture("client-key.clear.pkcs8.pem");
+        for encrypted in ["client-key.aes256.pkcs8.pem", "client-key.des3.pkcs8.pem"] {
+            let key = client_key(&fixture(encrypted), &Secret::new(PASSWORD)).unwrap();
+            assert_eq!(key.expose().trim(), clear.expose().trim(), "{encrypted}");
+        }
+        // Without a password the key is used as given.
+        assert_eq!(client_key(&clear, &Secret::default()).unwrap(), clear);
+    }
+
+    #[test]
+    fn keys_that_cannot_be_used_are_refused_naming_the_key() {
+        let wrong = client_key(
+            &fixture("client-key.aes256.pkcs8.pem"),
+            &Secret::new("hunter2"),
+        )
+        .unwrap_err();
+        assert!(matches!(wrong, ClientKeyError::Decrypt(_)), "{wrong:?}");
+        assert!(wrong.to_string().contains("`keyPassword`"), "{wrong}");
+        assert!(!wrong.to_string().contains("hunter2"), "{wrong}");
+
+        let legacy = client_key(
+            &fixture("client-key.legacy-aes256.pem"),
+            &Secret::new(PASSWORD),
+        )
+        .unwrap_err();
+        assert_eq!(legacy, ClientKeyError::LegacyEncryption);
+        let clear = client_key(
+            &fixture("client-key.clear.pkcs8.pem"),
+            &Secret::new(PASSWORD),
+        )
+        .unwrap_err();
+        assert_eq!(clear, ClientKeyError::NotEncrypted);
+        let garbage = client_key(&Secret::new("not a key"), &Secret::new(PASSWORD)).unwrap_err();
+        assert_eq!(garbage, ClientKeyError::NotPem);
+        assert!(!garbage.to_string().contains("not a key"));
+    }
+}

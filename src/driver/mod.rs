@@ -215,7 +215,10 @@ impl Tracked {
     }
 
     /// The latest reading; while the first measurement is still running,
-    /// waits for it up to the trigger's timeout.
+    /// waits for it up to the trigger's timeout, but never longer than
+    /// a second: KEDA's metrics adapter gives the HPA's call
+    /// 3 s in all and retries once, so an answer must leave that budget
+    /// (the measurement goes on in the background for the retry).
     pub async fn current(&self) -> Reading {
         // The usual case, answered without setting up a wait: a reading
         // is there and its poller is running.
@@ -225,9 +228,10 @@ impl Tracked {
                 return latest.clone();
             }
         }
+        const FIRST_READING_WAIT: Duration = Duration::from_secs(1);
         let mut readings = self.readings.clone();
         let first = readings.wait_for(|reading| *reading != Reading::Pending);
-        let outcome = tokio::time::timeout(self.config.timeout, first)
+        let outcome = tokio::time::timeout(self.config.timeout.min(FIRST_READING_WAIT), first)
             .await
             .map(|waited| waited.map(|reading| reading.clone()));
         let polled = readings.has_changed().is_ok();

@@ -244,7 +244,8 @@ async fn a_hanging_source_times_out_and_the_first_read_waits_no_longer_than_the_
         Reading::Pending => {}
         other => panic!("a hanging source produced {other:?}"),
     }
-    advance(Duration::from_millis(10)).await;
+    // The poll itself gives up at the 3 s timeout.
+    advance(Duration::from_secs(3) - started.elapsed() + Duration::from_millis(10)).await;
     assert!(matches!(
         tracked.latest(),
         Reading::Failed {
@@ -562,4 +563,51 @@ async fn with_a_behavior_the_engine_evaluates_at_the_hpa_sync_period() {
             .replicas,
         9
     );
+}
+
+/// Answers 7 after `0`, on the paused clock.
+struct Slow(Duration);
+
+impl Source for Slow {
+    fn observe(&self) -> BoxFuture<'_, Result<Measurement, ObserveError>> {
+        let delay = self.0;
+        async move {
+            tokio::time::sleep(delay).await;
+            Ok(Measurement::of(7.0))
+        }
+        .boxed()
+    }
+}
+
+/// KEDA's metrics adapter gives the HPA's call 3 s and retries once: the
+/// first call waits a second at most, and the measurement it started
+/// answers the retry.
+#[tokio::test(start_paused = true)]
+async fn the_first_read_of_a_new_trigger_waits_a_second_at_most_and_the_measurement_goes_on() {
+    let driver = driver(Duration::from_secs(600));
+    let mut slow = config(&Arc::new(Counter::default()), "q", 30);
+    slow.trigger.query.source = Arc::new(Slow(Duration::from_millis(2_500)));
+    assert_eq!(slow.timeout, Duration::from_secs(3));
+    let tracked = driver.track_parsed(key("a"), slow).unwrap();
+    let started = tokio::time::Instant::now();
+    assert_eq!(tracked.current().await, Reading::Pending);
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    // The retry, a second later, still finds it running.
+    advance(Duration::from_secs(1)).await;
+    let retried = tokio::time::Instant::now();
+    assert_eq!(tracked.current().await.value(), Some(7.0));
+    assert_eq!(retried.elapsed(), Duration::from_millis(500));
+    // From then on the reading is answered without waiting.
+    let again = tokio::time::Instant::now();
+    assert_eq!(tracked.current().await.value(), Some(7.0));
+    assert_eq!(again.elapsed(), Duration::ZERO);
+
+    // A trigger timeout under a second is the bound instead.
+    let mut quick = config(&Arc::new(Counter::default()), "r", 30);
+    quick.timeout = Duration::from_millis(300);
+    quick.trigger.query.source = Arc::new(Slow(Duration::from_secs(2)));
+    let tracked = driver.track_parsed(key("b"), quick).unwrap();
+    let started = tokio::time::Instant::now();
+    tracked.current().await;
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
 }
