@@ -31,9 +31,11 @@ pub struct Settings {
     /// restored from at start; none: state lives in memory only.
     #[serde(alias = "stateFile")]
     pub state_file: Option<PathBuf>,
-    /// How long shutdown may take before hoist exits anyway.
+    /// How long shutdown may take before hoist exits anyway
+    /// (`shutdown.grace`, when set, wins).
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    pub shutdown: ShutdownSettings,
     /// Named credentials a ScaledObject can use with `authRef: <name>`.
     pub auth: BTreeMap<String, AuthProfile>,
     /// The HTTP and TCP proxies behind the `http` and `tcp` triggers.
@@ -58,6 +60,29 @@ pub struct InterceptorSettings {
     pub response_timeout: Duration,
     /// Requests (connections) held per route at most; more get a 503.
     pub max_held_per_route: usize,
+    /// A client connection that sends no byte for this long after it is
+    /// accepted is closed.
+    #[serde(with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+    /// A client connection with no request open is closed when no request
+    /// has started for this long (since it opened or its last request
+    /// ended): idle keep-alive, a silent HTTP/2 preface or SETTINGS.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Most bytes of request headers (HTTP/1.1: the whole head; HTTP/2:
+    /// the header list); more get a 431.
+    pub max_header_bytes: usize,
+    /// Open client connections per listener at most; more are closed as
+    /// they are accepted (and counted).
+    pub max_connections: usize,
+    /// HTTP/2 streams one client connection may have open at once.
+    pub http2_max_concurrent_streams: u32,
+    /// How often an HTTP/2 client connection is pinged; one that does not
+    /// answer within `http2_keepalive_timeout` is closed.
+    #[serde(with = "humantime_serde")]
+    pub http2_keepalive_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub http2_keepalive_timeout: Duration,
     /// Split setup, scaler side: `host:port` of the interceptors' admin
     /// ports. A headless Service name resolves to every replica.
     pub endpoints: Vec<String>,
@@ -119,6 +144,13 @@ impl Default for InterceptorSettings {
             // Azure Container Apps' ingress gives an app 240 s to answer.
             response_timeout: Duration::from_secs(240),
             max_held_per_route: 1000,
+            first_byte_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            max_header_bytes: 64 * 1024,
+            max_connections: 10_000,
+            http2_max_concurrent_streams: 250,
+            http2_keepalive_interval: Duration::from_secs(20),
+            http2_keepalive_timeout: Duration::from_secs(20),
             endpoints: Vec::new(),
             read_timeout: Duration::from_secs(1),
             http_routes: Vec::new(),
@@ -172,10 +204,42 @@ impl InterceptorSettings {
                 "must be more than zero".into(),
             ));
         }
-        if self.max_held_per_route == 0 {
+        let at_least_one = [
+            ("interceptor.max_held_per_route", self.max_held_per_route),
+            ("interceptor.max_connections", self.max_connections),
+            (
+                "interceptor.http2_max_concurrent_streams",
+                self.http2_max_concurrent_streams as usize,
+            ),
+        ];
+        for (key, value) in at_least_one {
+            if value == 0 {
+                return Err(invalid(key.into(), "must be at least 1".into()));
+            }
+        }
+        let timeouts = [
+            ("interceptor.first_byte_timeout", self.first_byte_timeout),
+            ("interceptor.idle_timeout", self.idle_timeout),
+            (
+                "interceptor.http2_keepalive_interval",
+                self.http2_keepalive_interval,
+            ),
+            (
+                "interceptor.http2_keepalive_timeout",
+                self.http2_keepalive_timeout,
+            ),
+        ];
+        for (key, timeout) in timeouts {
+            if !in_range(timeout) {
+                return Err(invalid(key.into(), TIMEOUT_RANGE.into()));
+            }
+        }
+        // hyper's HTTP/1.1 read buffer has a floor of 8 KiB; HTTP/2's
+        // header list size is a u32.
+        if !(8192..=16 * 1024 * 1024).contains(&self.max_header_bytes) {
             return Err(invalid(
-                "interceptor.max_held_per_route".into(),
-                "must be at least 1".into(),
+                "interceptor.max_header_bytes".into(),
+                "must be between 8192 and 16777216".into(),
             ));
         }
         for endpoint in &self.endpoints {
@@ -296,6 +360,29 @@ pub struct GrpcSettings {
     pub listen: SocketAddr,
     /// TLS for the gRPC port (KEDA: `enableTLS`, `caCert`, client certs).
     pub tls: Option<crate::tls::TlsSettings>,
+    /// How often each connection is pinged (HTTP/2); a peer that does not
+    /// answer within `keepalive_timeout` is dropped with its streams.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+}
+
+/// What happens on SIGTERM: keep serving for `drain_delay` (while
+/// Kubernetes removes the pod from its endpoints), then stop taking work
+/// and give what is open `grace` to finish.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownSettings {
+    #[serde(with = "humantime_serde")]
+    pub drain_delay: Duration,
+    /// Wins over the top-level `shutdown_grace` when set.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub grace: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -342,6 +429,10 @@ pub struct LimitSettings {
     pub max_metadata_bytes: usize,
     /// Most triggers tracked at once; more get `ResourceExhausted`.
     pub max_tracked_triggers: usize,
+    /// Most metadata bytes (as `max_metadata_bytes` counts them) of every
+    /// tracked trigger together; a new trigger past it gets
+    /// `ResourceExhausted`.
+    pub max_tracked_metadata_bytes: usize,
     /// `host:port` patterns (`*` matches any run of characters, in host or
     /// port) a trigger may point hoist at; empty allows every source.
     pub allowed_sources: Vec<String>,
@@ -352,6 +443,8 @@ impl Default for LimitSettings {
         Self {
             max_metadata_bytes: 64 * 1024,
             max_tracked_triggers: 100_000,
+            // Each tracked byte costs about three in memory: ~200 MiB.
+            max_tracked_metadata_bytes: 64 * 1024 * 1024,
             allowed_sources: Vec::new(),
         }
     }
@@ -380,6 +473,7 @@ impl Default for Settings {
             limits: LimitSettings::default(),
             state_file: None,
             shutdown_grace: Duration::from_secs(10),
+            shutdown: ShutdownSettings::default(),
             auth: BTreeMap::new(),
             interceptor: InterceptorSettings::default(),
         }
@@ -391,6 +485,8 @@ impl Default for GrpcSettings {
         Self {
             listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             tls: None,
+            keepalive_interval: Duration::from_secs(20),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -502,6 +598,41 @@ impl Settings {
                 });
             }
         }
+        let bounded = [
+            ("grpc.keepalive_interval", self.grpc.keepalive_interval),
+            ("grpc.keepalive_timeout", self.grpc.keepalive_timeout),
+        ];
+        for (key, value) in bounded {
+            if !in_range(value) {
+                return Err(ConfigError::Invalid {
+                    key: key.to_string(),
+                    reason: TIMEOUT_RANGE.to_string(),
+                });
+            }
+        }
+        if self.shutdown.drain_delay > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid {
+                key: "shutdown.drain_delay".to_string(),
+                reason: "must be at most one hour".to_string(),
+            });
+        }
+        if self.grace() > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid {
+                key: if self.shutdown.grace.is_some() {
+                    "shutdown.grace"
+                } else {
+                    "shutdown_grace"
+                }
+                .to_string(),
+                reason: "must be at most one hour".to_string(),
+            });
+        }
+        if self.limits.max_tracked_metadata_bytes < self.limits.max_metadata_bytes {
+            return Err(ConfigError::Invalid {
+                key: "limits.max_tracked_metadata_bytes".to_string(),
+                reason: "must be at least limits.max_metadata_bytes".to_string(),
+            });
+        }
         for pattern in &self.limits.allowed_sources {
             crate::driver::SourcePattern::new(pattern).map_err(|reason| ConfigError::Invalid {
                 key: "limits.allowed_sources".to_string(),
@@ -529,6 +660,12 @@ impl Settings {
             });
         }
         Ok(())
+    }
+
+    /// How long open work gets at shutdown: `shutdown.grace`, else
+    /// `shutdown_grace`.
+    pub fn grace(&self) -> Duration {
+        self.shutdown.grace.unwrap_or(self.shutdown_grace)
     }
 
     /// The settings with every literal credential replaced by `***`, for

@@ -38,6 +38,8 @@ pub struct DriverSettings {
     pub idle_after: Duration,
     pub max_metadata_bytes: usize,
     pub max_tracked_triggers: usize,
+    /// Metadata bytes of every tracked trigger together, at most.
+    pub max_tracked_metadata_bytes: usize,
     /// Empty: every source is allowed.
     pub allowed_sources: Vec<SourcePattern>,
     /// hoist's own parts triggers may measure (the interceptor).
@@ -52,6 +54,7 @@ impl DriverSettings {
             idle_after,
             max_metadata_bytes: usize::MAX,
             max_tracked_triggers: usize::MAX,
+            max_tracked_metadata_bytes: usize::MAX,
             allowed_sources: Vec::new(),
             context: Default::default(),
         }
@@ -122,6 +125,10 @@ pub enum TrackError {
         "hoist already tracks {limit} triggers (limits.max_tracked_triggers); idle ones are dropped after polling.idle_after"
     )]
     TooManyTriggers { limit: usize },
+    #[error(
+        "the triggers hoist tracks already hold {limit} bytes of metadata (limits.max_tracked_metadata_bytes); idle ones are dropped after polling.idle_after"
+    )]
+    MetadataBudget { limit: usize },
     #[error("`{endpoint}` is not among hoist's allowed sources (limits.allowed_sources)")]
     SourceNotAllowed { endpoint: String },
 }
@@ -178,6 +185,13 @@ impl TriggerKey {
     /// Namespace, name and sorted metadata, each length-prefixed.
     fn identity(&self) -> &[u8] {
         &self.identity
+    }
+
+    /// The bytes `limits.max_metadata_bytes` counts: name, namespace,
+    /// metadata keys and values.
+    fn size(&self) -> usize {
+        let metadata: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.namespace.len() + self.name.len() + metadata
     }
 
     fn metadata_map(&self) -> HashMap<String, String> {
@@ -304,6 +318,10 @@ struct Inner {
     cancel: CancellationToken,
     next_id: AtomicU64,
     epoch: Instant,
+    /// Metadata bytes of every tracked trigger (see [`TriggerKey::size`]).
+    tracked_metadata: AtomicUsize,
+    /// Signalled when an engine's decision changes, for `state_file`.
+    state_changes: Arc<tokio::sync::Notify>,
 }
 
 /// Cheap to clone: every clone is the same driver.
@@ -334,6 +352,8 @@ impl Driver {
                 cancel,
                 next_id: AtomicU64::new(1),
                 epoch: Instant::now(),
+                tracked_metadata: AtomicUsize::new(0),
+                state_changes: Arc::new(tokio::sync::Notify::new()),
             }),
         };
         tokio::spawn(driver.clone().sweep_idle());
@@ -348,13 +368,7 @@ impl Driver {
             return Ok(tracked.clone());
         }
         let settings = &self.inner.settings;
-        let size = key.namespace.len()
-            + key.name.len()
-            + key
-                .metadata
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>();
+        let size = key.size();
         if size > settings.max_metadata_bytes {
             return Err(TrackError::MetadataTooLarge {
                 size,
@@ -364,6 +378,12 @@ impl Driver {
         if self.read_triggers().len() >= settings.max_tracked_triggers {
             return Err(TrackError::TooManyTriggers {
                 limit: settings.max_tracked_triggers,
+            });
+        }
+        let tracked_bytes = self.inner.tracked_metadata.load(Ordering::Relaxed);
+        if tracked_bytes.saturating_add(size) > settings.max_tracked_metadata_bytes {
+            return Err(TrackError::MetadataBudget {
+                limit: settings.max_tracked_metadata_bytes,
             });
         }
         let config = trigger::parse(
@@ -482,6 +502,9 @@ impl Driver {
             epoch: self.inner.epoch,
         });
         tracked.touch();
+        self.inner
+            .tracked_metadata
+            .fetch_add(key.size(), Ordering::Relaxed);
         triggers.insert(key.identity, tracked.clone());
         self.inner
             .metrics
@@ -542,6 +565,7 @@ impl Driver {
             restored.unwrap_or_default(),
             self.inner.clock,
             self.inner.cancel.child_token(),
+            self.inner.state_changes.clone(),
         );
         scalings.insert(object, scaling.clone());
         Ok(scaling)
@@ -581,6 +605,12 @@ impl Driver {
     /// Every engine-mode ScaledObject.
     pub fn scalings(&self) -> Vec<Arc<Scaling>> {
         self.lock_scalings().values().cloned().collect()
+    }
+
+    /// Wakes (one waiter, or the next to wait) whenever an engine's
+    /// replicas, activity or cooldown changes: when state is worth saving.
+    pub fn state_changes(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.state_changes.clone()
     }
 
     pub fn clock(&self) -> Clock {
@@ -641,6 +671,9 @@ impl Driver {
         let Some(tracked) = triggers.remove(key.identity()) else {
             return;
         };
+        self.inner
+            .tracked_metadata
+            .fetch_sub(tracked.key.size(), Ordering::Relaxed);
         let query = &tracked.config.trigger.query;
         {
             let mut pollers = self.lock_pollers();

@@ -68,6 +68,7 @@ pub struct Scaling {
     members: Mutex<Vec<Member>>,
     wake: Arc<Notify>,
     cancel: CancellationToken,
+    changed: Arc<Notify>,
 }
 
 impl Scaling {
@@ -78,6 +79,7 @@ impl Scaling {
         state: engine::State,
         clock: Clock,
         cancel: CancellationToken,
+        changed: Arc<Notify>,
     ) -> Arc<Self> {
         let scaling = Arc::new(Self {
             namespace: namespace.to_string(),
@@ -88,6 +90,7 @@ impl Scaling {
             members: Mutex::new(Vec::new()),
             wake: Arc::new(Notify::new()),
             cancel,
+            changed,
         });
         tokio::spawn(scaling.clone().run(clock));
         scaling
@@ -264,6 +267,12 @@ impl Scaling {
                 message = %decision.message,
                 "engine decision"
             );
+        }
+        if previous.as_ref().is_none_or(|p| {
+            (p.replicas, p.active, p.cooldown_ends)
+                != (decision.replicas, decision.active, decision.cooldown_ends)
+        }) {
+            self.changed.notify_one();
         }
         self.decisions.send_replace(Some(decision.clone()));
         Some(decision)
