@@ -180,22 +180,10 @@ impl InterceptorSettings {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: String, reason: String| ConfigError::Invalid { key, reason };
-        if !in_range(self.cold_start_timeout) {
-            return Err(invalid(
-                "interceptor.cold_start_timeout".into(),
-                TIMEOUT_RANGE.into(),
-            ));
-        }
         if self.read_timeout > Duration::from_secs(60) {
             return Err(invalid(
                 "interceptor.read_timeout".into(),
                 "must be at most one minute".into(),
-            ));
-        }
-        if !in_range(self.response_timeout) {
-            return Err(invalid(
-                "interceptor.response_timeout".into(),
-                TIMEOUT_RANGE.into(),
             ));
         }
         if self.read_timeout.is_zero() {
@@ -218,6 +206,8 @@ impl InterceptorSettings {
             }
         }
         let timeouts = [
+            ("interceptor.cold_start_timeout", self.cold_start_timeout),
+            ("interceptor.response_timeout", self.response_timeout),
             ("interceptor.first_byte_timeout", self.first_byte_timeout),
             ("interceptor.idle_timeout", self.idle_timeout),
             (
@@ -910,6 +900,16 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
             ),
             ("[interceptor]\nendpoints = [\"http://x:9091\"]\n".to_string(), "interceptor.endpoints"),
             ("[interceptor]\nmax_held_per_route = 0\n".to_string(), "interceptor.max_held_per_route"),
+            ("[interceptor]\nmax_connections = 0\n".to_string(), "interceptor.max_connections"),
+            ("[interceptor]\nidle_timeout = \"0s\"\n".to_string(), "interceptor.idle_timeout"),
+            ("[interceptor]\nfirst_byte_timeout = \"2h\"\n".to_string(), "interceptor.first_byte_timeout"),
+            ("[interceptor]\nmax_header_bytes = 100\n".to_string(), "interceptor.max_header_bytes"),
+            ("[interceptor]\nhttp2_max_concurrent_streams = 0\n".to_string(), "interceptor.http2_max_concurrent_streams"),
+            ("[interceptor]\nhttp2_keepalive_timeout = \"0s\"\n".to_string(), "interceptor.http2_keepalive_timeout"),
+            ("[grpc]\nkeepalive_interval = \"0s\"\n".to_string(), "grpc.keepalive_interval"),
+            ("[shutdown]\ndrain_delay = \"2h\"\n".to_string(), "shutdown.drain_delay"),
+            ("[shutdown]\ngrace = \"2h\"\n".to_string(), "shutdown.grace"),
+            ("[limits]\nmax_tracked_metadata_bytes = 10\n".to_string(), "limits.max_tracked_metadata_bytes"),
         ];
         for (text, key) in cases {
             std::fs::write(&file, &text).unwrap();
@@ -941,6 +941,31 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
             Duration::from_secs(240),
             "the default"
         );
+    }
+
+    #[test]
+    fn shutdown_grace_is_kept_and_shutdown_grace_in_its_section_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hoist.toml");
+        std::fs::write(&file, "shutdown_grace = \"7s\"\n").unwrap();
+        let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
+        assert_eq!(settings.grace(), Duration::from_secs(7));
+        assert_eq!(settings.shutdown.drain_delay, Duration::ZERO);
+        std::fs::write(
+            &file,
+            "shutdown_grace = \"7s\"\n[shutdown]\ngrace = \"20s\"\ndrain_delay = \"5s\"\n",
+        )
+        .unwrap();
+        let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
+        assert_eq!(settings.grace(), Duration::from_secs(20));
+        assert_eq!(settings.shutdown.drain_delay, Duration::from_secs(5));
+        let variables = env(&[
+            ("HOIST_SHUTDOWN__DRAIN_DELAY", "15s"),
+            ("HOIST_INTERCEPTOR__IDLE_TIMEOUT", "5s"),
+        ]);
+        let settings = Settings::load(Some(&file), variables, &Overrides::default()).unwrap();
+        assert_eq!(settings.shutdown.drain_delay, Duration::from_secs(15));
+        assert_eq!(settings.interceptor.idle_timeout, Duration::from_secs(5));
     }
 
     fn cases_secret() -> String {

@@ -489,25 +489,29 @@ fn join_cookies(headers: &mut HeaderMap) {
 }
 
 /// The host a request is for, as sent (any case), without a port: an
-/// absolute-form target's or HTTP/2's authority, else the one `Host`
-/// header. Several `Host` headers, or none in HTTP/1.1, is a bad request
-/// (RFC 9112 §3.2).
+/// HTTP/1.1 absolute-form target's authority, else the one `Host` header,
+/// else HTTP/2's `:authority`. Several `Host` headers, or none in
+/// HTTP/1.1, is a bad request (RFC 9112 §3.2).
 fn request_host<B>(request: &Request<B>) -> Result<&str, &'static str> {
     let mut hosts = request.headers().get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
         return Err("more than one Host header");
     }
-    if let Some(authority) = request.uri().authority() {
-        return Ok(strip_port(authority.as_str()));
+    let authority = request.uri().authority().map(|a| strip_port(a.as_str()));
+    let version = request.version();
+    if version < Version::HTTP_2
+        && let Some(authority) = authority
+    {
+        return Ok(authority);
     }
     match host {
         Some(value) => value
             .to_str()
             .map(strip_port)
             .map_err(|_| "the Host header is not text"),
-        None if request.version() == Version::HTTP_11 => Err("no Host header"),
-        None => Ok(""),
+        None if version == Version::HTTP_11 => Err("no Host header"),
+        None => Ok(authority.unwrap_or("")),
     }
 }
 
