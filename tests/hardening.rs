@@ -95,10 +95,9 @@ async fn exchange(proxy: SocketAddr, request: &[u8]) -> String {
 /// reading whatever it sends first.
 async fn closed_by_server(stream: &mut TcpStream) -> bool {
     let mut sink = Vec::new();
-    matches!(
-        tokio::time::timeout(PATIENCE, stream.read_to_end(&mut sink)).await,
-        Ok(_)
-    )
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut sink))
+        .await
+        .is_ok()
 }
 
 async fn metric_line(hoist: &Hoist, prefix: &str) -> Option<String> {
