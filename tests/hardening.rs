@@ -60,6 +60,12 @@ async fn upstream() -> SocketAddr {
     addr
 }
 
+/// A port nobody listens on (yet): an app at zero.
+async fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
 fn route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSettings {
     HttpRouteSettings {
         name: name.into(),
@@ -70,6 +76,11 @@ fn route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSettings {
         cold_start_timeout: None,
         response_timeout: None,
     }
+}
+
+/// One route, `web.test`, to `upstream`.
+fn web_to(upstream: SocketAddr) -> Settings {
+    with_routes(vec![route("web", "web.test", upstream)])
 }
 
 fn with_routes(routes: Vec<HttpRouteSettings>) -> Settings {
@@ -117,7 +128,7 @@ async fn metric(hoist: &Hoist, prefix: &str) -> Option<f64> {
 #[tokio::test]
 async fn silent_trickling_and_idle_connections_are_closed() {
     let web = upstream().await;
-    let mut settings = with_routes(vec![route("web", "web.test", web)]);
+    let mut settings = web_to(web);
     settings.interceptor.first_byte_timeout = Duration::from_millis(200);
     settings.interceptor.idle_timeout = Duration::from_millis(400);
     let hoist = Hoist::start_with(settings).await;
@@ -170,10 +181,8 @@ async fn silent_trickling_and_idle_connections_are_closed() {
 
 #[tokio::test]
 async fn a_request_held_past_the_idle_timeout_is_not_cut_off() {
-    let cold = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = cold.local_addr().unwrap();
-    drop(cold);
-    let mut settings = with_routes(vec![route("web", "web.test", address)]);
+    let address = free_addr().await;
+    let mut settings = web_to(address);
     settings.interceptor.first_byte_timeout = Duration::from_millis(200);
     settings.interceptor.idle_timeout = Duration::from_millis(300);
     let hoist = Hoist::start_with(settings).await;
@@ -197,7 +206,7 @@ async fn a_request_held_past_the_idle_timeout_is_not_cut_off() {
 #[tokio::test]
 async fn oversized_headers_get_431() {
     let web = upstream().await;
-    let mut settings = with_routes(vec![route("web", "web.test", web)]);
+    let mut settings = web_to(web);
     settings.interceptor.max_header_bytes = 8192;
     let hoist = Hoist::start_with(settings).await;
     let proxy = hoist.http_proxy.unwrap();
@@ -226,7 +235,7 @@ async fn oversized_headers_get_431() {
 #[tokio::test]
 async fn connections_past_max_connections_are_closed_and_counted() {
     let web = upstream().await;
-    let mut settings = with_routes(vec![route("web", "web.test", web)]);
+    let mut settings = web_to(web);
     settings.interceptor.max_connections = 2;
     let hoist = Hoist::start_with(settings).await;
     let proxy = hoist.http_proxy.unwrap();
@@ -299,9 +308,7 @@ async fn shutdown_answers_held_requests_at_once_and_admin_says_not_ready() {
             kept.push(stream);
         }
     });
-    let cold = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cold_addr = cold.local_addr().unwrap();
-    drop(cold);
+    let cold_addr = free_addr().await;
     let mut settings = with_routes(vec![
         route("hung", "hung.test", hung_addr),
         route("cold", "cold.test", cold_addr),
@@ -343,7 +350,7 @@ async fn shutdown_answers_held_requests_at_once_and_admin_says_not_ready() {
 #[tokio::test]
 async fn drain_delay_keeps_serving_after_the_signal() {
     let web = upstream().await;
-    let mut settings = with_routes(vec![route("web", "web.test", web)]);
+    let mut settings = web_to(web);
     settings.shutdown.drain_delay = Duration::from_secs(3);
     settings.shutdown.grace = Some(Duration::from_secs(1));
     let hoist = Hoist::start_with(settings).await;
@@ -609,4 +616,64 @@ async fn a_decision_change_is_saved_without_waiting_for_the_periodic_save() {
         std::fs::read_to_string(&state_file).is_ok_and(|saved| saved != first)
     })
     .await;
+}
+
+#[tokio::test]
+async fn http2_clients_are_told_the_stream_cap() {
+    let web = upstream().await;
+    let mut settings = web_to(web);
+    settings.interceptor.http2_max_concurrent_streams = 7;
+    let hoist = Hoist::start_with(settings).await;
+    let stream = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let (_client, mut connection) = h2::client::handshake(stream).await.unwrap();
+    // The server's SETTINGS arrive while the connection is driven.
+    let advertised = tokio::time::timeout(
+        PATIENCE,
+        futures::future::poll_fn(|cx| {
+            let _ = std::future::Future::poll(Pin::new(&mut connection), cx);
+            match connection.max_concurrent_send_streams() {
+                7 => Poll::Ready(()),
+                _ => Poll::Pending,
+            }
+        }),
+    )
+    .await;
+    assert!(
+        advertised.is_ok(),
+        "advertised: {}",
+        connection.max_concurrent_send_streams()
+    );
+}
+
+#[tokio::test]
+async fn a_vanished_http2_client_is_found_by_pings_and_its_hold_released() {
+    let address = free_addr().await;
+    let mut settings = web_to(address);
+    settings.interceptor.http2_keepalive_interval = Duration::from_millis(300);
+    settings.interceptor.http2_keepalive_timeout = Duration::from_millis(300);
+    let hoist = Hoist::start_with(settings).await;
+    let gone = Arc::new(AtomicBool::new(false));
+    let stream = Vanishing {
+        stream: TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap(),
+        gone: gone.clone(),
+    };
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = Request::get("http://web.test/")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let held = tokio::spawn(sender.send_request(request));
+    eventually(PATIENCE, "the request is held", || async {
+        metric(&hoist, "hoist_interceptor_held{").await == Some(1.0)
+    })
+    .await;
+    gone.store(true, Ordering::SeqCst);
+    eventually(PATIENCE, "the hold is released", || async {
+        metric(&hoist, "hoist_interceptor_held{").await == Some(0.0)
+    })
+    .await;
+    held.abort();
 }
