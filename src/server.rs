@@ -290,6 +290,7 @@ impl Server {
                     ?grace,
                     "connections still open after the grace period; exiting anyway"
                 );
+                admin_stop.cancel();
                 return Ok(());
             }
         };
