@@ -32,9 +32,11 @@ pub struct Settings {
     /// `/var/lib/hoist/state.json`; an empty path keeps state in memory only.
     #[serde(alias = "stateFile")]
     pub state_file: Option<PathBuf>,
-    /// How long shutdown may take before hoist exits anyway.
+    /// How long shutdown may take before hoist exits anyway
+    /// (`shutdown.grace`, when set, wins).
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    pub shutdown: ShutdownSettings,
     /// Named credentials a ScaledObject can use with `authRef: <name>`.
     pub auth: BTreeMap<String, AuthProfile>,
     /// The HTTP and TCP proxies behind the `http` and `tcp` triggers.
@@ -145,6 +147,29 @@ pub struct InterceptorSettings {
     pub response_timeout: Duration,
     /// Requests (connections) held per route at most; more get a 503.
     pub max_held_per_route: usize,
+    /// A client connection that sends no byte for this long after it is
+    /// accepted is closed.
+    #[serde(with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+    /// A client connection with no request open is closed when no request
+    /// has started for this long (since it opened or its last request
+    /// ended): idle keep-alive, a silent HTTP/2 preface or SETTINGS.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Most bytes of request headers (HTTP/1.1: the whole head; HTTP/2:
+    /// the header list); more get a 431.
+    pub max_header_bytes: usize,
+    /// Open client connections per listener at most; more are closed as
+    /// they are accepted (and counted).
+    pub max_connections: usize,
+    /// HTTP/2 streams one client connection may have open at once.
+    pub http2_max_concurrent_streams: u32,
+    /// How often an HTTP/2 client connection is pinged; one that does not
+    /// answer within `http2_keepalive_timeout` is closed.
+    #[serde(with = "humantime_serde")]
+    pub http2_keepalive_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub http2_keepalive_timeout: Duration,
     /// Split setup, scaler side: `host:port` of the interceptors' admin
     /// ports. A headless Service name resolves to every replica.
     pub endpoints: Vec<String>,
@@ -206,6 +231,13 @@ impl Default for InterceptorSettings {
             // Azure Container Apps' ingress gives an app 240 s to answer.
             response_timeout: Duration::from_secs(240),
             max_held_per_route: 1000,
+            first_byte_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            max_header_bytes: 64 * 1024,
+            max_connections: 10_000,
+            http2_max_concurrent_streams: 250,
+            http2_keepalive_interval: Duration::from_secs(20),
+            http2_keepalive_timeout: Duration::from_secs(20),
             endpoints: Vec::new(),
             read_timeout: Duration::from_secs(1),
             http_routes: Vec::new(),
@@ -235,22 +267,10 @@ impl InterceptorSettings {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: String, reason: String| ConfigError::Invalid { key, reason };
-        if !in_range(self.cold_start_timeout) {
-            return Err(invalid(
-                "interceptor.cold_start_timeout".into(),
-                TIMEOUT_RANGE.into(),
-            ));
-        }
         if self.read_timeout > Duration::from_secs(60) {
             return Err(invalid(
                 "interceptor.read_timeout".into(),
                 "must be at most one minute".into(),
-            ));
-        }
-        if !in_range(self.response_timeout) {
-            return Err(invalid(
-                "interceptor.response_timeout".into(),
-                TIMEOUT_RANGE.into(),
             ));
         }
         if self.read_timeout.is_zero() {
@@ -259,10 +279,44 @@ impl InterceptorSettings {
                 "must be more than zero".into(),
             ));
         }
-        if self.max_held_per_route == 0 {
+        let at_least_one = [
+            ("interceptor.max_held_per_route", self.max_held_per_route),
+            ("interceptor.max_connections", self.max_connections),
+            (
+                "interceptor.http2_max_concurrent_streams",
+                self.http2_max_concurrent_streams as usize,
+            ),
+        ];
+        for (key, value) in at_least_one {
+            if value == 0 {
+                return Err(invalid(key.into(), "must be at least 1".into()));
+            }
+        }
+        let timeouts = [
+            ("interceptor.cold_start_timeout", self.cold_start_timeout),
+            ("interceptor.response_timeout", self.response_timeout),
+            ("interceptor.first_byte_timeout", self.first_byte_timeout),
+            ("interceptor.idle_timeout", self.idle_timeout),
+            (
+                "interceptor.http2_keepalive_interval",
+                self.http2_keepalive_interval,
+            ),
+            (
+                "interceptor.http2_keepalive_timeout",
+                self.http2_keepalive_timeout,
+            ),
+        ];
+        for (key, timeout) in timeouts {
+            if !in_range(timeout) {
+                return Err(invalid(key.into(), TIMEOUT_RANGE.into()));
+            }
+        }
+        // hyper's HTTP/1.1 read buffer has a floor of 8 KiB; HTTP/2's
+        // header list size is a u32.
+        if !(8192..=16 * 1024 * 1024).contains(&self.max_header_bytes) {
             return Err(invalid(
-                "interceptor.max_held_per_route".into(),
-                "must be at least 1".into(),
+                "interceptor.max_header_bytes".into(),
+                "must be between 8192 and 16777216".into(),
             ));
         }
         for endpoint in &self.endpoints {
@@ -383,6 +437,29 @@ pub struct GrpcSettings {
     pub listen: SocketAddr,
     /// TLS for the gRPC port (KEDA: `enableTLS`, `caCert`, client certs).
     pub tls: Option<crate::tls::TlsSettings>,
+    /// How often each connection is pinged (HTTP/2); a peer that does not
+    /// answer within `keepalive_timeout` is dropped with its streams.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+}
+
+/// What happens on SIGTERM: keep serving for `drain_delay` (while
+/// Kubernetes removes the pod from its endpoints), then stop taking work
+/// and give what is open `grace` to finish.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownSettings {
+    #[serde(with = "humantime_serde")]
+    pub drain_delay: Duration,
+    /// Wins over the top-level `shutdown_grace` when set.
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub grace: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -429,6 +506,10 @@ pub struct LimitSettings {
     pub max_metadata_bytes: usize,
     /// Most triggers tracked at once; more get `ResourceExhausted`.
     pub max_tracked_triggers: usize,
+    /// Most metadata bytes (as `max_metadata_bytes` counts them) of every
+    /// tracked trigger together; a new trigger past it gets
+    /// `ResourceExhausted`.
+    pub max_tracked_metadata_bytes: usize,
     /// `host:port` patterns (`*` matches any run of characters, in host or
     /// port) a trigger may point hoist at; empty allows every source.
     pub allowed_sources: Vec<String>,
@@ -439,6 +520,8 @@ impl Default for LimitSettings {
         Self {
             max_metadata_bytes: 64 * 1024,
             max_tracked_triggers: 100_000,
+            // Each tracked byte costs about three in memory: ~200 MiB.
+            max_tracked_metadata_bytes: 64 * 1024 * 1024,
             allowed_sources: Vec::new(),
         }
     }
@@ -467,6 +550,7 @@ impl Default for Settings {
             limits: LimitSettings::default(),
             state_file: Some(PathBuf::from(DEFAULT_STATE_FILE)),
             shutdown_grace: Duration::from_secs(10),
+            shutdown: ShutdownSettings::default(),
             auth: BTreeMap::new(),
             interceptor: InterceptorSettings::default(),
             kubernetes: KubernetesSettings::default(),
@@ -480,6 +564,8 @@ impl Default for GrpcSettings {
         Self {
             listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             tls: None,
+            keepalive_interval: Duration::from_secs(20),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -591,6 +677,41 @@ impl Settings {
                 });
             }
         }
+        let bounded = [
+            ("grpc.keepalive_interval", self.grpc.keepalive_interval),
+            ("grpc.keepalive_timeout", self.grpc.keepalive_timeout),
+        ];
+        for (key, value) in bounded {
+            if !in_range(value) {
+                return Err(ConfigError::Invalid {
+                    key: key.to_string(),
+                    reason: TIMEOUT_RANGE.to_string(),
+                });
+            }
+        }
+        if self.shutdown.drain_delay > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid {
+                key: "shutdown.drain_delay".to_string(),
+                reason: "must be at most one hour".to_string(),
+            });
+        }
+        if self.grace() > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid {
+                key: if self.shutdown.grace.is_some() {
+                    "shutdown.grace"
+                } else {
+                    "shutdown_grace"
+                }
+                .to_string(),
+                reason: "must be at most one hour".to_string(),
+            });
+        }
+        if self.limits.max_tracked_metadata_bytes < self.limits.max_metadata_bytes {
+            return Err(ConfigError::Invalid {
+                key: "limits.max_tracked_metadata_bytes".to_string(),
+                reason: "must be at least limits.max_metadata_bytes".to_string(),
+            });
+        }
         for pattern in &self.limits.allowed_sources {
             crate::driver::SourcePattern::new(pattern).map_err(|reason| ConfigError::Invalid {
                 key: "limits.allowed_sources".to_string(),
@@ -624,6 +745,12 @@ impl Settings {
             });
         }
         Ok(())
+    }
+
+    /// How long open work gets at shutdown: `shutdown.grace`, else
+    /// `shutdown_grace`.
+    pub fn grace(&self) -> Duration {
+        self.shutdown.grace.unwrap_or(self.shutdown_grace)
     }
 
     /// The settings with every literal credential replaced by `***`, for
@@ -921,6 +1048,16 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
             ),
             ("[interceptor]\nendpoints = [\"http://x:9091\"]\n".to_string(), "interceptor.endpoints"),
             ("[interceptor]\nmax_held_per_route = 0\n".to_string(), "interceptor.max_held_per_route"),
+            ("[interceptor]\nmax_connections = 0\n".to_string(), "interceptor.max_connections"),
+            ("[interceptor]\nidle_timeout = \"0s\"\n".to_string(), "interceptor.idle_timeout"),
+            ("[interceptor]\nfirst_byte_timeout = \"2h\"\n".to_string(), "interceptor.first_byte_timeout"),
+            ("[interceptor]\nmax_header_bytes = 100\n".to_string(), "interceptor.max_header_bytes"),
+            ("[interceptor]\nhttp2_max_concurrent_streams = 0\n".to_string(), "interceptor.http2_max_concurrent_streams"),
+            ("[interceptor]\nhttp2_keepalive_timeout = \"0s\"\n".to_string(), "interceptor.http2_keepalive_timeout"),
+            ("[grpc]\nkeepalive_interval = \"0s\"\n".to_string(), "grpc.keepalive_interval"),
+            ("[shutdown]\ndrain_delay = \"2h\"\n".to_string(), "shutdown.drain_delay"),
+            ("[shutdown]\ngrace = \"2h\"\n".to_string(), "shutdown.grace"),
+            ("[limits]\nmax_tracked_metadata_bytes = 10\n".to_string(), "limits.max_tracked_metadata_bytes"),
         ];
         for (text, key) in cases {
             std::fs::write(&file, &text).unwrap();
@@ -952,6 +1089,31 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
             Duration::from_secs(240),
             "the default"
         );
+    }
+
+    #[test]
+    fn shutdown_grace_is_kept_and_shutdown_grace_in_its_section_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hoist.toml");
+        std::fs::write(&file, "shutdown_grace = \"7s\"\n").unwrap();
+        let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
+        assert_eq!(settings.grace(), Duration::from_secs(7));
+        assert_eq!(settings.shutdown.drain_delay, Duration::ZERO);
+        std::fs::write(
+            &file,
+            "shutdown_grace = \"7s\"\n[shutdown]\ngrace = \"20s\"\ndrain_delay = \"5s\"\n",
+        )
+        .unwrap();
+        let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
+        assert_eq!(settings.grace(), Duration::from_secs(20));
+        assert_eq!(settings.shutdown.drain_delay, Duration::from_secs(5));
+        let variables = env(&[
+            ("HOIST_SHUTDOWN__DRAIN_DELAY", "15s"),
+            ("HOIST_INTERCEPTOR__IDLE_TIMEOUT", "5s"),
+        ]);
+        let settings = Settings::load(Some(&file), variables, &Overrides::default()).unwrap();
+        assert_eq!(settings.shutdown.drain_delay, Duration::from_secs(15));
+        assert_eq!(settings.interceptor.idle_timeout, Duration::from_secs(5));
     }
 
     fn cases_secret() -> String {

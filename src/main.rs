@@ -159,6 +159,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => {
             let settings = args.load()?;
             hoist::logging::init(&settings.log);
+            open_files_limit();
             for problem in settings.auth_profiles().problems() {
                 tracing::warn!(%problem, "auth profile cannot be resolved yet");
             }
@@ -169,6 +170,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Interceptor(args) => {
             let settings = args.load()?;
             hoist::logging::init(&settings.log);
+            open_files_limit();
             let server = hoist::server::Server::bind_interceptor(settings).await?;
             server.run(termination()).await?;
             Ok(ExitCode::SUCCESS)
@@ -240,6 +242,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Raises the open files limit as far as allowed: every connection takes
+/// a descriptor, and a limit reached stops every listener at once.
+fn open_files_limit() {
+    let limit = hoist::listen::raise_descriptor_limit();
+    tracing::info!(open_files_limit = limit, "descriptor limit");
 }
 
 /// Resolves on SIGTERM (Kubernetes) or SIGINT (Ctrl-C).

@@ -44,6 +44,7 @@ pub struct Metrics {
     pub poll_duration: HistogramFamily<ScalerLabels>,
     pub pollers: Gauge,
     pub tracked_triggers: Gauge,
+    pub open_streams: Gauge,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -64,6 +65,7 @@ impl Metrics {
             poll_duration: Family::new_with_constructor(poll_histogram),
             pollers: Gauge::default(),
             tracked_triggers: Gauge::default(),
+            open_streams: Gauge::default(),
         }
     }
 
@@ -97,6 +99,11 @@ impl Metrics {
             "hoist_tracked_triggers",
             "ScaledObject triggers hoist is tracking",
             self.tracked_triggers.clone(),
+        );
+        registry.register(
+            "hoist_open_streams",
+            "StreamIsActive streams open now",
+            self.open_streams.clone(),
         );
     }
 
@@ -171,6 +178,11 @@ struct RouteLabels {
     protocol: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: String,
+}
+
 impl prometheus_client::collector::Collector for RouteTraffic {
     fn encode(
         &self,
@@ -228,6 +240,30 @@ impl prometheus_client::collector::Collector for RouteTraffic {
             for (labels, load) in &loads {
                 ConstGauge::new(value(load)).encode(family.encode_family(labels)?)?;
             }
+        }
+        let mut open = encoder.encode_descriptor(
+            "hoist_interceptor_connections",
+            "Client connections open now, by listener",
+            None,
+            MetricType::Gauge,
+        )?;
+        for limit in &self.0.listeners {
+            let labels = ListenerLabels {
+                listener: limit.listener.clone(),
+            };
+            ConstGauge::new(limit.open() as i64).encode(open.encode_family(&labels)?)?;
+        }
+        let mut refused = encoder.encode_descriptor(
+            "hoist_interceptor_connections_refused",
+            "Client connections closed at accept: the listener's max_connections or the process's descriptors were used up",
+            None,
+            MetricType::Counter,
+        )?;
+        for limit in &self.0.listeners {
+            let labels = ListenerLabels {
+                listener: limit.listener.clone(),
+            };
+            ConstCounter::new(limit.refused()).encode(refused.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -16,6 +16,7 @@ use crate::cluster::Cluster;
 use crate::config::Settings;
 use crate::driver::{Driver, DriverSettings, SourcePattern, TriggerValues};
 use crate::grpc::ScalerService;
+use crate::grpc::edge::EdgeLayer;
 use crate::interceptor::Interceptor;
 use crate::interceptor::fleet::Fleet;
 use crate::interceptor::traffic::Traffic;
@@ -163,7 +164,7 @@ impl Server {
         }
         let proxies = interceptor.map(|interceptor| {
             info!(http = ?interceptor.http_addr(), tcp = ?interceptor.tcp_addrs(), "interceptor is proxying");
-            tokio::spawn(interceptor.run(stop.clone(), settings.shutdown_grace))
+            tokio::spawn(interceptor.run(stop.clone(), settings.grace()))
         });
         let driver = Driver::new(
             DriverSettings {
@@ -174,6 +175,7 @@ impl Server {
                 idle_after: settings.polling.idle_after,
                 max_metadata_bytes: settings.limits.max_metadata_bytes,
                 max_tracked_triggers: settings.limits.max_tracked_triggers,
+                max_tracked_metadata_bytes: settings.limits.max_tracked_metadata_bytes,
                 allowed_sources: settings
                     .limits
                     .allowed_sources
@@ -201,7 +203,7 @@ impl Server {
                 Ok(None) => info!(path = %path.display(), "no engine state saved yet"),
                 Err(error) => warn!(%error, "ignoring the state file: engines start fresh"),
             }
-            tokio::spawn(save_state_periodically(
+            tokio::spawn(save_state_on_change(
                 driver.clone(),
                 path.clone(),
                 cancel.clone(),
@@ -216,11 +218,17 @@ impl Server {
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
-        let scaler = ExternalScalerServer::new(ScalerService::new(driver.clone(), metrics.clone()));
+        let scaler = ExternalScalerServer::new(ScalerService::new(driver.clone(), metrics.clone()))
+            .max_decoding_message_size(decoding_limit(settings.limits.max_metadata_bytes));
 
         let (ready_tx, ready) = watch::channel(false);
         let grpc_addr = grpc.local_addr().ok();
+        // A peer that stops answering pings (lost node, partition) is
+        // dropped, and its StreamIsActive streams with it.
         let grpc_router = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(settings.grpc.keepalive_interval))
+            .http2_keepalive_timeout(Some(settings.grpc.keepalive_timeout))
+            .layer(EdgeLayer::new(stop.clone()))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(scaler);
@@ -229,8 +237,11 @@ impl Server {
             None => {
                 // Small gRPC replies must not wait for the peer's delayed
                 // ACK (Nagle): up to 40 ms per call otherwise.
-                let incoming =
-                    tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+                let incoming = tonic::transport::server::TcpIncoming::from(grpc)
+                    .with_nodelay(Some(true))
+                    .with_keepalive(Some(crate::listen::TCP_KEEPALIVE_IDLE))
+                    .with_keepalive_interval(Some(crate::listen::TCP_KEEPALIVE_INTERVAL))
+                    .with_keepalive_retries(Some(crate::listen::TCP_KEEPALIVE_RETRIES));
                 tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_signal))
             }
             Some(tls) => {
@@ -247,15 +258,24 @@ impl Server {
             shutdown: stop.clone(),
             ready,
         });
-        let admin_task = serve_admin(&settings, admin, admin_router, &stop)?;
+        // The admin port answers until the end: `/readyz` says 503 while
+        // the rest shuts down, instead of refusing connections.
+        let admin_stop = CancellationToken::new();
+        let admin_task = serve_admin(&settings, admin, admin_router, &admin_stop)?;
         ready_tx.send_replace(true);
         info!(grpc = ?grpc_addr, admin = ?admin_addr, "hoist is serving");
 
         shutdown.await;
-        info!(grace = ?settings.shutdown_grace, "shutting down");
+        drain(&settings).await;
+        let grace = settings.grace();
+        info!(?grace, "shutting down");
+        let until = tokio::time::Instant::now() + grace;
         ready_tx.send_replace(false);
         health
             .set_not_serving::<ExternalScalerServer<ScalerService>>()
+            .await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
         cancel.cancel();
         stop.cancel();
@@ -263,29 +283,36 @@ impl Server {
             save_state(&driver, path);
         }
 
-        let finished = tokio::time::timeout(settings.shutdown_grace, async {
+        let finished = tokio::time::timeout_at(until, async {
             let grpc = grpc_task.await;
-            let admin = admin_task.await;
             if let Some(proxies) = proxies {
                 let _ = proxies.await;
             }
-            (grpc, admin)
+            grpc
         })
         .await;
-        match finished {
-            Ok((grpc, admin)) => {
-                if let Ok(result) = grpc {
-                    result?;
-                }
-                if let Ok(result) = admin {
-                    result?;
-                }
-                info!("shutdown complete");
-            }
+        let grpc = match finished {
+            Ok(grpc) => grpc,
             Err(_) => {
-                warn!(grace = ?settings.shutdown_grace, "connections still open after the grace period; exiting anyway")
+                warn!(
+                    ?grace,
+                    "connections still open after the grace period; exiting anyway"
+                );
+                admin_stop.cancel();
+                return Ok(());
             }
+        };
+        admin_stop.cancel();
+        let admin = tokio::time::timeout_at(until, admin_task).await;
+        if let Ok(result) = grpc {
+            result?;
         }
+        match admin {
+            Ok(Ok(result)) => result?,
+            Ok(Err(_)) => {}
+            Err(_) => warn!("admin connections still open after the grace period; exiting anyway"),
+        }
+        info!("shutdown complete");
         Ok(())
     }
 }
@@ -312,18 +339,23 @@ async fn run_interceptor(
         shutdown: stop.clone(),
         ready,
     });
-    let admin_task = serve_admin(&settings, admin, admin_router, &stop)?;
+    let admin_stop = CancellationToken::new();
+    let admin_task = serve_admin(&settings, admin, admin_router, &admin_stop)?;
     info!(http = ?interceptor.http_addr(), tcp = ?interceptor.tcp_addrs(), admin = ?admin_addr, "hoist interceptor is proxying");
-    let proxies = tokio::spawn(interceptor.run(stop.clone(), settings.shutdown_grace));
+    let grace = settings.grace();
+    let proxies = tokio::spawn(interceptor.run(stop.clone(), grace));
     ready_tx.send_replace(true);
 
     shutdown.await;
-    info!(grace = ?settings.shutdown_grace, "shutting down");
+    drain(&settings).await;
+    info!(?grace, "shutting down");
     ready_tx.send_replace(false);
     stop.cancel();
-    // The proxies bound their own drain by the grace period.
+    // The proxies bound their own drain by the grace period; the admin
+    // port answers (`/readyz`: 503) until they are done.
     let _ = proxies.await;
-    match tokio::time::timeout(settings.shutdown_grace, admin_task).await {
+    admin_stop.cancel();
+    match tokio::time::timeout(grace, admin_task).await {
         Ok(Ok(result)) => result?,
         Ok(Err(_)) => {}
         Err(_) => warn!("admin connections still open after the grace period; exiting anyway"),
@@ -371,19 +403,46 @@ fn usable_state_file(settings: &Settings) -> Option<std::path::PathBuf> {
     Some(path.to_path_buf())
 }
 
-/// How often engine state is written to `state_file` while serving.
-const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// Keeps serving and accepting for `shutdown.drain_delay` after the
+/// signal, while Kubernetes removes this pod from its Services' endpoints
+/// (clients still send to it until then).
+async fn drain(settings: &Settings) {
+    let delay = settings.shutdown.drain_delay;
+    if !delay.is_zero() {
+        info!(
+            ?delay,
+            "termination signal: serving on while endpoints are removed"
+        );
+        tokio::time::sleep(delay).await;
+    }
+}
 
-async fn save_state_periodically(
-    driver: Driver,
-    path: std::path::PathBuf,
-    cancel: CancellationToken,
-) {
+/// The largest ExternalScaler request tonic decodes: a trigger at
+/// `limits.max_metadata_bytes`, with room for protobuf's own framing
+/// (tags and lengths, a few bytes per metadata entry). Anything larger is
+/// refused before it is decoded.
+pub fn decoding_limit(max_metadata_bytes: usize) -> usize {
+    max_metadata_bytes.saturating_mul(2).saturating_add(4096)
+}
+
+/// How often engine state is written to `state_file` while serving, at
+/// least; every engine decision change is saved too, after this short a
+/// pause (which gathers a burst of changes into one write).
+const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+const SAVE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(250);
+
+async fn save_state_on_change(driver: Driver, path: std::path::PathBuf, cancel: CancellationToken) {
+    let changes = driver.state_changes();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(SAVE_EVERY) => save_state(&driver, &path),
+            _ = tokio::time::sleep(SAVE_EVERY) => {}
+            _ = changes.notified() => tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(SAVE_DEBOUNCE) => {}
+            },
         }
+        save_state(&driver, &path);
     }
 }
 

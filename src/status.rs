@@ -240,7 +240,7 @@ pub fn snapshot(driver: &Driver) -> Status {
                         reason,
                         message,
                         cooldown_left_seconds: seconds_until(
-                            decision.as_ref().and_then(|d| d.cooldown_ends),
+                            decision.as_ref().and_then(cooldown_running),
                         ),
                         stabilization_left_seconds: seconds_until(
                             decision.as_ref().and_then(|d| d.stabilization_ends),
@@ -298,6 +298,16 @@ pub fn snapshot(driver: &Driver) -> Status {
             error: cluster.watch_error(),
         }),
     }
+}
+
+/// When the decision's cooldown ends, if one is counting down: not while
+/// the ScaledObject is active, as it is through a failing trigger (the
+/// engine keeps the cooldown's end, but activity holds it).
+fn cooldown_running(decision: &crate::engine::Decision) -> Option<u64> {
+    if decision.active && decision.reason == crate::engine::Reason::TriggerError {
+        return None;
+    }
+    decision.cooldown_ends
 }
 
 /// The status as a table for people (`hoist status`).
@@ -414,6 +424,25 @@ mod tests {
             polling_interval_seconds: 30.0,
             polling_interval_source: "default".into(),
         }
+    }
+
+    #[test]
+    fn no_cooldown_countdown_while_active_through_a_trigger_error() {
+        let mut decision = crate::engine::Decision {
+            at: 0,
+            active: true,
+            replicas: 3,
+            raw_desired: None,
+            reason: crate::engine::Reason::TriggerError,
+            message: String::new(),
+            next_evaluation: 30_000,
+            cooldown_ends: Some(300_000),
+            stabilization_ends: None,
+        };
+        assert_eq!(cooldown_running(&decision), None);
+        decision.active = false;
+        decision.reason = crate::engine::Reason::Cooldown;
+        assert_eq!(cooldown_running(&decision), Some(300_000));
     }
 
     #[test]

@@ -279,3 +279,87 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[tokio::test]
+async fn a_descriptor_limit_stops_the_interceptor_before_grpc_and_admin() {
+    let (grpc, admin, proxy) = (free_port(), free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hoist.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[interceptor]\nhttp_listen = \"127.0.0.1:{proxy}\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.test\"\nupstream = \"127.0.0.1:{}\"\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("hoist.log");
+    // Soft 256, hard 512: hoist raises the soft limit to 512 and keeps
+    // (512 - 128) / 2 = 192 client connections for the interceptor.
+    let _hoist = KillOnDrop(
+        Command::new("prlimit")
+            .arg("--nofile=256:512")
+            .arg(env!("CARGO_BIN_EXE_hoist"))
+            .args(["serve", "--log-format", "json"])
+            .args(["--config", file.to_str().unwrap()])
+            .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let admin_addr = format!("127.0.0.1:{admin}").parse().unwrap();
+    wait_until(Duration::from_secs(10), "hoist to listen", || {
+        std::net::TcpStream::connect(admin_addr).is_ok()
+    });
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(logs.contains("\"open_files_limit\":512"), "{logs}");
+
+    // More silent connections than the process has descriptors for.
+    let silent: Vec<std::net::TcpStream> = (0..600)
+        .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", proxy)).ok())
+        .collect();
+    assert_eq!(silent.len(), 600, "the kernel queues every connection");
+    let refused = || async {
+        let (_, metrics) = http_get(admin_addr, "/metrics").await;
+        metrics
+            .lines()
+            .find(|line| line.starts_with("hoist_interceptor_connections_refused_total{"))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let started = std::time::Instant::now();
+    while refused().await < 600 - 192 {
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "refused: {}",
+            refused().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The other listeners still answer.
+    assert_eq!(http_get(admin_addr, "/healthz").await.0, 200);
+    let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{grpc}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("the gRPC port accepts");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("the gRPC port answers")
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(!logs.contains("cannot accept"), "{logs}");
+    drop(silent);
+}

@@ -16,13 +16,14 @@ use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
 #[tokio::test]
 async fn grpc_health_reports_serving_then_not_serving_on_shutdown() {
-    // The open health watch keeps a connection busy until the grace ends.
+    // Watch streams end at shutdown: they do not hold it for the grace.
     let settings = hoist::config::Settings {
-        shutdown_grace: std::time::Duration::from_millis(500),
+        shutdown_grace: std::time::Duration::from_secs(600),
         ..Default::default()
     };
     let hoist = Hoist::start_with(settings).await;
     let mut health = HealthClient::new(hoist.channel().await);
+    let mut watches = Vec::new();
     for service in ["", "externalscaler.ExternalScaler"] {
         let status = health
             .check(HealthCheckRequest {
@@ -33,26 +34,38 @@ async fn grpc_health_reports_serving_then_not_serving_on_shutdown() {
             .into_inner()
             .status;
         assert_eq!(status, ServingStatus::Serving as i32, "service `{service}`");
+        let mut watch = health
+            .watch(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            watch.next().await.unwrap().unwrap().status,
+            ServingStatus::Serving as i32
+        );
+        watches.push((service, watch));
     }
-    let mut watch = health
-        .watch(HealthCheckRequest {
-            service: "externalscaler.ExternalScaler".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        watch.next().await.unwrap().unwrap().status,
-        ServingStatus::Serving as i32
-    );
     let stopping = tokio::spawn(hoist.stop());
-    let update = watch
-        .next()
+    for (service, mut watch) in watches {
+        let update = watch
+            .next()
+            .await
+            .expect("an update before the stream ends")
+            .unwrap();
+        assert_eq!(
+            update.status,
+            ServingStatus::NotServing as i32,
+            "service `{service}`"
+        );
+        assert!(watch.next().await.is_none(), "service `{service}`: ended");
+    }
+    tokio::time::timeout(std::time::Duration::from_secs(60), stopping)
         .await
-        .expect("an update before the stream ends")
+        .expect("shutdown does not wait out the grace")
+        .unwrap()
         .unwrap();
-    assert_eq!(update.status, ServingStatus::NotServing as i32);
-    stopping.await.unwrap().unwrap();
 }
 
 #[tokio::test]

@@ -42,6 +42,8 @@ pub struct DriverSettings {
     pub idle_after: Duration,
     pub max_metadata_bytes: usize,
     pub max_tracked_triggers: usize,
+    /// Metadata bytes of every tracked trigger together, at most.
+    pub max_tracked_metadata_bytes: usize,
     /// Empty: every source is allowed.
     pub allowed_sources: Vec<SourcePattern>,
     /// hoist's own parts triggers may measure (the interceptor).
@@ -60,6 +62,7 @@ impl DriverSettings {
             idle_after,
             max_metadata_bytes: usize::MAX,
             max_tracked_triggers: usize::MAX,
+            max_tracked_metadata_bytes: usize::MAX,
             allowed_sources: Vec::new(),
             context: Default::default(),
             assume_applied: false,
@@ -131,6 +134,10 @@ pub enum TrackError {
         "hoist already tracks {limit} triggers (limits.max_tracked_triggers); idle ones are dropped after polling.idle_after"
     )]
     TooManyTriggers { limit: usize },
+    #[error(
+        "the triggers hoist tracks already hold {limit} bytes of metadata (limits.max_tracked_metadata_bytes); idle ones are dropped after polling.idle_after"
+    )]
+    MetadataBudget { limit: usize },
     #[error("`{endpoint}` is not among hoist's allowed sources (limits.allowed_sources)")]
     SourceNotAllowed { endpoint: String },
 }
@@ -187,6 +194,13 @@ impl TriggerKey {
     /// Namespace, name and sorted metadata, each length-prefixed.
     fn identity(&self) -> &[u8] {
         &self.identity
+    }
+
+    /// The bytes `limits.max_metadata_bytes` counts: name, namespace,
+    /// metadata keys and values.
+    fn size(&self) -> usize {
+        let metadata: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.namespace.len() + self.name.len() + metadata
     }
 
     fn metadata_map(&self) -> HashMap<String, String> {
@@ -336,6 +350,8 @@ struct Inner {
     cancel: CancellationToken,
     next_id: AtomicU64,
     epoch: Instant,
+    /// Metadata bytes of every tracked trigger (see [`TriggerKey::size`]).
+    tracked_metadata: AtomicUsize,
 }
 
 /// Cheap to clone: every clone is the same driver.
@@ -368,6 +384,7 @@ impl Driver {
                 cancel,
                 next_id: AtomicU64::new(1),
                 epoch: Instant::now(),
+                tracked_metadata: AtomicUsize::new(0),
             }),
         };
         tokio::spawn(driver.clone().sweep_idle());
@@ -417,13 +434,7 @@ impl Driver {
             return Ok(tracked.clone());
         }
         let settings = &self.inner.settings;
-        let size = key.namespace.len()
-            + key.name.len()
-            + key
-                .metadata
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>();
+        let size = key.size();
         if size > settings.max_metadata_bytes {
             return Err(TrackError::MetadataTooLarge {
                 size,
@@ -433,6 +444,12 @@ impl Driver {
         if self.read_triggers().len() >= settings.max_tracked_triggers {
             return Err(TrackError::TooManyTriggers {
                 limit: settings.max_tracked_triggers,
+            });
+        }
+        let tracked_bytes = self.inner.tracked_metadata.load(Ordering::Relaxed);
+        if tracked_bytes.saturating_add(size) > settings.max_tracked_metadata_bytes {
+            return Err(TrackError::MetadataBudget {
+                limit: settings.max_tracked_metadata_bytes,
             });
         }
         let config = trigger::parse(
@@ -558,6 +575,9 @@ impl Driver {
             epoch: self.inner.epoch,
         });
         tracked.touch();
+        self.inner
+            .tracked_metadata
+            .fetch_add(key.size(), Ordering::Relaxed);
         triggers.insert(key.identity, tracked.clone());
         self.inner
             .metrics
@@ -727,6 +747,9 @@ impl Driver {
         let Some(tracked) = triggers.remove(key.identity()) else {
             return;
         };
+        self.inner
+            .tracked_metadata
+            .fetch_sub(tracked.key.size(), Ordering::Relaxed);
         let query = &tracked.config.trigger.query;
         {
             let mut pollers = self.lock_pollers();

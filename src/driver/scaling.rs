@@ -647,6 +647,18 @@ impl Scaling {
                     }
                 }
             }
+        }
+        // State worth saving at once (a SIGKILL must not cut a cooldown
+        // short): the count, the activity or the cooldown's end moved.
+        let saved_differs = match (&answer, &previous) {
+            (Answer::Decided(decision), Some(previous)) => {
+                (previous.replicas, previous.active, previous.cooldown_ends)
+                    != (decision.replicas, decision.active, decision.cooldown_ends)
+            }
+            (Answer::Decided(_), None) => true,
+            (Answer::CountUnknown(_), _) => false,
+        };
+        if saved_differs {
             self.changed.notify_one();
         }
         self.answers.send_replace(Some(answer.clone()));

@@ -1,5 +1,6 @@
 //! The KEDA ExternalScaler service, answered from the driver's cache.
 
+pub mod edge;
 mod status;
 
 use std::pin::Pin;
@@ -24,6 +25,7 @@ use crate::proto::{
 
 pub struct ScalerService {
     driver: Driver,
+    open_streams: prometheus_client::metrics::gauge::Gauge,
     is_active: RpcMetrics,
     stream_is_active: RpcMetrics,
     get_metric_spec: RpcMetrics,
@@ -34,6 +36,7 @@ impl ScalerService {
     pub fn new(driver: Driver, metrics: Arc<Metrics>) -> Self {
         Self {
             driver,
+            open_streams: metrics.open_streams.clone(),
             is_active: metrics.rpc("IsActive"),
             stream_is_active: metrics.rpc("StreamIsActive"),
             get_metric_spec: metrics.rpc("GetMetricSpec"),
@@ -129,7 +132,12 @@ impl ExternalScaler for ScalerService {
         let started = Instant::now();
         let result = self.track(request.into_inner()).map(|tracked| {
             let (sender, receiver) = mpsc::channel(4);
-            tokio::spawn(push_activation_edges(tracked, self.driver.clone(), sender));
+            let open = OpenStream::new(self.open_streams.clone());
+            let driver = self.driver.clone();
+            tokio::spawn(async move {
+                push_activation_edges(tracked, driver, sender).await;
+                drop(open);
+            });
             Box::pin(ReceiverStream::new(receiver)) as ActivityStream
         });
         Self::finish(&self.stream_is_active, started, result)
@@ -186,6 +194,22 @@ impl ExternalScaler for ScalerService {
 /// fractional value from reading as "nothing to do".
 fn round_up(value: f64) -> i64 {
     value.ceil() as i64
+}
+
+/// Counts a `StreamIsActive` stream in `hoist_open_streams` while it lives.
+struct OpenStream(prometheus_client::metrics::gauge::Gauge);
+
+impl OpenStream {
+    fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Where a stream's activity comes from: the trigger's own readings

@@ -78,7 +78,9 @@ impl RpcError {
             }
             RpcError::Track(TrackError::Metadata(_)) => Code::InvalidArgument,
             RpcError::Track(
-                TrackError::MetadataTooLarge { .. } | TrackError::TooManyTriggers { .. },
+                TrackError::MetadataTooLarge { .. }
+                | TrackError::TooManyTriggers { .. }
+                | TrackError::MetadataBudget { .. },
             ) => Code::ResourceExhausted,
             RpcError::Track(TrackError::SourceNotAllowed { .. }) => Code::PermissionDenied,
             RpcError::SourceFailing { .. }

@@ -25,8 +25,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::counters::{InFlight, RouteCounters};
+use super::deadline::{Activity, Deadlines};
 use super::http1_pool::{Http1Pool, SendError};
 use super::upstream::{Upstream, UpstreamError};
+use crate::listen::ConnectionLimit;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -138,32 +140,87 @@ impl HttpRouter {
 
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How client connections are kept in check (see `InterceptorSettings`).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientLimits {
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub http2_max_concurrent_streams: u32,
+    pub http2_keepalive_interval: Duration,
+    pub http2_keepalive_timeout: Duration,
+}
+
+impl From<&crate::config::InterceptorSettings> for ClientLimits {
+    fn from(settings: &crate::config::InterceptorSettings) -> Self {
+        Self {
+            first_byte_timeout: settings.first_byte_timeout,
+            idle_timeout: settings.idle_timeout,
+            max_header_bytes: settings.max_header_bytes,
+            http2_max_concurrent_streams: settings.http2_max_concurrent_streams,
+            http2_keepalive_interval: settings.http2_keepalive_interval,
+            http2_keepalive_timeout: settings.http2_keepalive_timeout,
+        }
+    }
+}
+
 /// Serves the proxy until `shutdown`, then lets open requests finish for up
 /// to `grace`.
 pub async fn serve(
     listener: TcpListener,
     router: Arc<HttpRouter>,
+    limits: ClientLimits,
+    connections: Arc<ConnectionLimit>,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // A client gets this long to send a request's headers (slow-loris).
+    // A client gets this long to send a request's headers (slow-loris),
+    // and this many bytes for them (hyper answers 431 past it).
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(limits.max_header_bytes);
+    // A peer that stops answering pings (gone node, half-open connection)
+    // is dropped with its streams.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.http2_keepalive_interval)
+        .keep_alive_timeout(limits.http2_keepalive_timeout)
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = crate::listen::accept(&listener, "interceptor HTTP") => accepted,
         };
+        // Past the cap the connection is closed at once (and counted).
+        let Some(permit) = connections.admit() else {
+            continue;
+        };
         let router = router.clone();
         // Built once per connection, not once per request.
         let client_end = Arc::new(Peer::new(peer));
+        let activity = Activity::new();
+        let stream = Deadlines::new(
+            stream,
+            activity.clone(),
+            limits.first_byte_timeout,
+            limits.idle_timeout,
+        );
         let service = hyper::service::service_fn(move |request| {
             let (router, client_end) = (router.clone(), client_end.clone());
-            async move { Ok::<_, Infallible>(proxy(&router, &client_end, request).await) }
+            let open = activity.request();
+            async move {
+                let response = proxy(&router, &client_end, request).await;
+                if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                    open.upgraded();
+                }
+                Ok::<_, Infallible>(response.map(|body| Keeping { body, _kept: open }.boxed()))
+            }
         });
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -173,6 +230,7 @@ pub async fn serve(
             if let Err(error) = connection.await {
                 debug!(%error, %peer, "client connection ended with an error");
             }
+            drop(permit);
         });
     }
     drop(listener);
@@ -208,7 +266,15 @@ async fn proxy(
     peer: &Peer,
     mut request: Request<Incoming>,
 ) -> Response<ProxyBody> {
-    let host = request_host(&request);
+    let host = match request_host(&request) {
+        Ok(host) => host,
+        Err(reason) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("hoist interceptor: {reason}\n"),
+            );
+        }
+    };
     let Some(route) = router.find(host, request.uri().path()) else {
         return plain(
             StatusCode::NOT_FOUND,
@@ -224,12 +290,13 @@ async fn proxy(
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
 
     let (mut parts, body) = request.into_parts();
-    if !parts.headers.contains_key(header::HOST)
+    if (client_version < Version::HTTP_2 || !parts.headers.contains_key(header::HOST))
         && !route.upstream_http2
         && let Some(authority) = parts.uri.authority()
         && let Ok(value) = HeaderValue::from_str(authority.as_str())
     {
-        // An HTTP/2 client names the host in the URI only.
+        // An HTTP/2 client may name the host in the URI only; an HTTP/1.1
+        // absolute-form target replaces `Host` (RFC 9112 §3.2.2).
         parts.headers.insert(header::HOST, value);
     }
     let pooled = !route.upstream_http2 && client_upgrade.is_none();
@@ -330,9 +397,9 @@ fn counted<B>(body: B, in_flight: InFlight) -> ProxyBody
 where
     B: Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static,
 {
-    Counted {
+    Keeping {
         body,
-        _in_flight: in_flight,
+        _kept: in_flight,
     }
     .boxed()
 }
@@ -392,9 +459,18 @@ fn too_slow(route: &str, timeout: Duration) -> Response<ProxyBody> {
 fn refused(error: &UpstreamError) -> Response<ProxyBody> {
     let status = match error {
         UpstreamError::ColdStartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-        UpstreamError::TooManyHeld { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        UpstreamError::TooManyHeld { .. } | UpstreamError::ShuttingDown { .. } => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
     };
-    plain(status, format!("hoist interceptor: {error}\n"))
+    let mut response = plain(status, format!("hoist interceptor: {error}\n"));
+    if let UpstreamError::ShuttingDown { .. } = error {
+        // Another replica (or this app, once up) can take it at once.
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// An HTTP/2 client may split `Cookie` into several fields; HTTP/1.1
@@ -412,16 +488,31 @@ fn join_cookies(headers: &mut HeaderMap) {
     }
 }
 
-/// The host a request is for, as sent (any case), without a port: the
-/// `Host` header (HTTP/1.1) or the URI's authority (HTTP/2).
-fn request_host<B>(request: &Request<B>) -> &str {
-    let raw = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|value| value.to_str().ok())
-        .or_else(|| request.uri().authority().map(|a| a.as_str()))
-        .unwrap_or("");
-    strip_port(raw)
+/// The host a request is for, as sent (any case), without a port: an
+/// HTTP/1.1 absolute-form target's authority, else the one `Host` header,
+/// else HTTP/2's `:authority`. Several `Host` headers, or none in
+/// HTTP/1.1, is a bad request (RFC 9112 §3.2).
+fn request_host<B>(request: &Request<B>) -> Result<&str, &'static str> {
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err("more than one Host header");
+    }
+    let authority = request.uri().authority().map(|a| strip_port(a.as_str()));
+    let version = request.version();
+    if version < Version::HTTP_2
+        && let Some(authority) = authority
+    {
+        return Ok(authority);
+    }
+    match host {
+        Some(value) => value
+            .to_str()
+            .map(strip_port)
+            .map_err(|_| "the Host header is not text"),
+        None if version == Version::HTTP_11 => Err("no Host header"),
+        None => Ok(authority.unwrap_or("")),
+    }
 }
 
 fn strip_port(authority: &str) -> &str {
@@ -527,15 +618,18 @@ fn empty() -> ProxyBody {
         .boxed()
 }
 
-/// A response body that keeps its request in flight until it is done.
-struct Counted<B> {
+/// A response body that keeps something until it is done: its request
+/// in flight (counted), or open on its connection (no idle deadline).
+struct Keeping<B, G> {
     body: B,
-    _in_flight: InFlight,
+    _kept: G,
 }
 
-impl<B> Body for Counted<B>
+impl<B, G> Body for Keeping<B, G>
 where
-    B: Body<Data = Bytes, Error = hyper::Error> + Unpin,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+    G: Unpin,
 {
     type Data = Bytes;
     type Error = BoxError;

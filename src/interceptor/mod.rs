@@ -7,6 +7,7 @@
 //! over HTTP (`fleet`).
 
 pub mod counters;
+mod deadline;
 pub mod fleet;
 mod http;
 mod http1_pool;
@@ -27,8 +28,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::InterceptorSettings;
+use crate::listen::ConnectionLimit;
 use counters::RouteCounters;
-use http::{HttpRoute, HttpRouter};
+use http::{ClientLimits, HttpRoute, HttpRouter};
 use upstream::Upstream;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +62,8 @@ pub struct Routes {
     /// Changes at every start, so readers can tell a restarted replica.
     pub instance: String,
     routes: BTreeMap<String, RouteInfo>,
+    /// Each listener's connection cap, for metrics.
+    pub listeners: Vec<Arc<ConnectionLimit>>,
 }
 
 impl Routes {
@@ -111,8 +115,11 @@ pub enum InterceptorError {
 /// The proxies, bound and not yet serving.
 pub struct Interceptor {
     routes: Arc<Routes>,
-    http: Option<(TcpListener, Arc<HttpRouter>)>,
-    tcp: Vec<(TcpListener, Arc<Upstream>)>,
+    http: Option<(TcpListener, Arc<HttpRouter>, Arc<ConnectionLimit>)>,
+    tcp: Vec<(TcpListener, Arc<Upstream>, Arc<ConnectionLimit>)>,
+    limits: ClientLimits,
+    /// Every route's upstream, released at shutdown.
+    upstreams: Vec<Arc<Upstream>>,
 }
 
 impl Interceptor {
@@ -121,6 +128,20 @@ impl Interceptor {
     pub async fn bind(settings: &InterceptorSettings) -> Result<Self, InterceptorError> {
         let epoch = Instant::now();
         let mut routes = BTreeMap::new();
+        // One budget for every listener, within the descriptors the
+        // process has; each listener also has its own cap.
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let budget =
+            crate::listen::proxied_connection_budget(crate::listen::raise_descriptor_limit());
+        let limit = |listener: String| {
+            Arc::new(ConnectionLimit::new(
+                listener,
+                settings.max_connections,
+                open.clone(),
+                budget,
+            ))
+        };
+        let mut upstreams = Vec::new();
         let upstream = |name: &str, address: &str, cold_start: Option<Duration>| {
             Arc::new(Upstream::new(
                 name.to_string(),
@@ -133,6 +154,7 @@ impl Interceptor {
         let mut http_routes = Vec::new();
         for route in &settings.http_routes {
             let upstream = upstream(&route.name, &route.upstream, route.cold_start_timeout);
+            upstreams.push(upstream.clone());
             let counters = upstream.counters.clone();
             let http_route = HttpRoute::new(
                 route.name.clone(),
@@ -156,11 +178,16 @@ impl Interceptor {
             None
         } else {
             let listener = bind("HTTP proxy".to_string(), settings.http_listen).await?;
-            Some((listener, Arc::new(HttpRouter::new(http_routes))))
+            Some((
+                listener,
+                Arc::new(HttpRouter::new(http_routes)),
+                limit("http".to_string()),
+            ))
         };
         let mut tcp = Vec::new();
         for route in &settings.tcp_routes {
             let upstream = upstream(&route.name, &route.upstream, route.cold_start_timeout);
+            upstreams.push(upstream.clone());
             routes.insert(
                 route.name.clone(),
                 RouteInfo {
@@ -170,15 +197,23 @@ impl Interceptor {
                 },
             );
             let listener = bind(format!("TCP route `{}`", route.name), route.listen).await?;
-            tcp.push((listener, upstream));
+            tcp.push((listener, upstream, limit(format!("tcp:{}", route.name))));
         }
+        let listeners = http
+            .iter()
+            .map(|(_, _, limit)| limit.clone())
+            .chain(tcp.iter().map(|(_, _, limit)| limit.clone()))
+            .collect();
         Ok(Self {
             routes: Arc::new(Routes {
                 instance: instance_id(),
                 routes,
+                listeners,
             }),
             http,
             tcp,
+            limits: ClientLimits::from(settings),
+            upstreams,
         })
     }
 
@@ -189,30 +224,51 @@ impl Interceptor {
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http
             .as_ref()
-            .and_then(|(listener, _)| listener.local_addr().ok())
+            .and_then(|(listener, _, _)| listener.local_addr().ok())
     }
 
     /// The bound address of each TCP route, by route name.
     pub fn tcp_addrs(&self) -> BTreeMap<String, SocketAddr> {
         self.tcp
             .iter()
-            .filter_map(|(listener, upstream)| {
+            .filter_map(|(listener, upstream, _)| {
                 Some((upstream.route.clone(), listener.local_addr().ok()?))
             })
             .collect()
     }
 
-    /// Serves every proxy until `shutdown`; open requests and connections
-    /// then get `grace` to finish.
+    /// Serves every proxy until `shutdown`; then held requests are
+    /// answered at once (503 with `Retry-After`; held TCP connections are
+    /// closed) and open ones get `grace` to finish.
     pub async fn run(self, shutdown: CancellationToken, grace: Duration) {
         let mut tasks = JoinSet::new();
         tasks.spawn(self.routes.clone().sample_every_second(shutdown.clone()));
-        if let Some((listener, router)) = self.http {
-            tasks.spawn(http::serve(listener, router, shutdown.clone(), grace));
+        if let Some((listener, router, connections)) = self.http {
+            tasks.spawn(http::serve(
+                listener,
+                router,
+                self.limits,
+                connections,
+                shutdown.clone(),
+                grace,
+            ));
         }
-        for (listener, upstream) in self.tcp {
-            tasks.spawn(tcp::serve(listener, upstream, shutdown.clone(), grace));
+        for (listener, upstream, connections) in self.tcp {
+            tasks.spawn(tcp::serve(
+                listener,
+                upstream,
+                connections,
+                shutdown.clone(),
+                grace,
+            ));
         }
+        let upstreams = self.upstreams;
+        tasks.spawn(async move {
+            shutdown.cancelled().await;
+            for upstream in &upstreams {
+                upstream.close();
+            }
+        });
         while tasks.join_next().await.is_some() {}
     }
 }

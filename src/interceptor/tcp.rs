@@ -12,6 +12,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::upstream::Upstream;
+use crate::listen::ConnectionLimit;
+use crate::logging::Summary;
+
+/// Refused connections of every route: one line per interval, with a count.
+static NOT_FORWARDED: Summary = Summary::new(Duration::from_secs(10));
 
 /// What a held client may send before its upstream is reached; past this
 /// the client waits (TCP flow control) like any slow server's client.
@@ -22,6 +27,7 @@ const EARLY_DATA_LIMIT: usize = 64 * 1024;
 pub async fn serve(
     listener: TcpListener,
     upstream: Arc<Upstream>,
+    limit: Arc<ConnectionLimit>,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
@@ -33,8 +39,13 @@ pub async fn serve(
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = crate::listen::accept(&listener, &upstream.route) => accepted,
         };
+        // Past the cap the connection is closed at once (and counted).
+        let Some(permit) = limit.admit() else {
+            continue;
+        };
         let upstream = upstream.clone();
         connections.spawn(async move {
+            let _permit = permit;
             let _in_flight = upstream.counters.start(Instant::now());
             if let Err(error) = forward(client, &upstream).await {
                 debug!(route = %upstream.route, %peer, %error, "connection ended");
@@ -81,7 +92,9 @@ async fn forward(mut client: TcpStream, upstream: &Arc<Upstream>) -> std::io::Re
     // A client refused here just sees its connection close: raw TCP has
     // no way to say why. The reason goes to the log.
     let mut server = connected.map_err(|error| {
-        warn!(route = %upstream.route, %error, "connection not forwarded");
+        if let Some(count) = NOT_FORWARDED.note() {
+            warn!(route = %upstream.route, %error, count, "connections not forwarded");
+        }
         std::io::Error::other(error)
     })?;
     server.write_all(&early).await?;

@@ -15,9 +15,11 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use super::counters::RouteCounters;
+use crate::logging::Summary;
 
 /// How often the probe retries a closed upstream: a held request leaves
 /// within tens of milliseconds of the upstream listening.
@@ -49,7 +51,13 @@ pub enum UpstreamError {
         "route `{route}`: {limit} requests are already waiting for the app to start (interceptor.max_held_per_route)"
     )]
     TooManyHeld { route: String, limit: usize },
+    #[error("route `{route}`: the interceptor is shutting down; retry")]
+    ShuttingDown { route: String },
 }
+
+/// Refused and timed-out holds are logged once per this interval, with
+/// counts: a burst of thousands must not write thousands of lines.
+const SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
 pub struct Upstream {
     pub route: String,
@@ -65,6 +73,10 @@ pub struct Upstream {
     epoch: Instant,
     probing: AtomicBool,
     last_error: Mutex<String>,
+    /// Fires at shutdown: every held request is answered at once.
+    closing: CancellationToken,
+    refused: Summary,
+    timed_out: Summary,
 }
 
 impl Upstream {
@@ -87,7 +99,16 @@ impl Upstream {
             epoch: Instant::now(),
             probing: AtomicBool::new(false),
             last_error: Mutex::new(String::new()),
+            closing: CancellationToken::new(),
+            refused: Summary::new(SUMMARY_EVERY),
+            timed_out: Summary::new(SUMMARY_EVERY),
         }
+    }
+
+    /// Releases every held request (and any held later) with
+    /// [`UpstreamError::ShuttingDown`].
+    pub fn close(&self) {
+        self.closing.cancel();
     }
 
     /// The deadline of a request (connection) that starts now.
@@ -163,19 +184,36 @@ impl Upstream {
         if *accepting.borrow_and_update() {
             return Ok(());
         }
+        if self.closing.is_cancelled() {
+            return Err(UpstreamError::ShuttingDown {
+                route: self.route.clone(),
+            });
+        }
         let Some(_held) = self.counters.try_hold(self.max_held as u64) else {
-            info!(route = %self.route, limit = self.max_held, "too many requests held; refusing one");
+            if let Some(refused) = self.refused.note() {
+                info!(route = %self.route, limit = self.max_held, refused, "too many requests held; refusing");
+            }
             return Err(UpstreamError::TooManyHeld {
                 route: self.route.clone(),
                 limit: self.max_held,
             });
         };
         self.ensure_probe();
-        match tokio::time::timeout_at(deadline, accepting.wait_for(|up| *up)).await {
+        let opened = tokio::select! {
+            opened = tokio::time::timeout_at(deadline, accepting.wait_for(|up| *up)) => opened,
+            _ = self.closing.cancelled() => {
+                return Err(UpstreamError::ShuttingDown {
+                    route: self.route.clone(),
+                });
+            }
+        };
+        match opened {
             Ok(Ok(_)) => Ok(()),
             _ => {
-                let last_error = self.last_error();
-                info!(route = %self.route, upstream = %self.address, %last_error, "a held request reached the cold start timeout");
+                if let Some(timed_out) = self.timed_out.note() {
+                    let last_error = self.last_error();
+                    info!(route = %self.route, upstream = %self.address, %last_error, timed_out, "held requests reached the cold start timeout");
+                }
                 Err(UpstreamError::ColdStartTimeout {
                     route: self.route.clone(),
                     timeout: self.cold_start_timeout,

@@ -1,0 +1,181 @@
+//! Deadlines on a client connection while no request is open: a client
+//! that sends nothing, or opens HTTP/2 and never finishes its preface or
+//! SETTINGS, or keeps a connection idle, or trickles bytes without ever
+//! completing a request, is cut off instead of holding a descriptor
+//! forever. hyper has no such deadline of its own for these cases.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// What the connection's requests tell its reader.
+pub struct Activity {
+    opened: Instant,
+    open_requests: AtomicUsize,
+    /// When the last request ended, in ms since `opened` (0: none yet).
+    idle_since_ms: AtomicU64,
+    /// An upgraded connection is a tunnel: no deadline applies.
+    upgraded: AtomicBool,
+}
+
+impl Activity {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            opened: Instant::now(),
+            open_requests: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+            upgraded: AtomicBool::new(false),
+        })
+    }
+
+    /// Marks a request open until the guard (kept by its response body)
+    /// is dropped.
+    pub fn request(self: &Arc<Self>) -> RequestGuard {
+        self.open_requests.fetch_add(1, Ordering::AcqRel);
+        RequestGuard(self.clone())
+    }
+
+    fn idle_since(&self) -> Instant {
+        self.opened + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire))
+    }
+}
+
+pub struct RequestGuard(Arc<Activity>);
+
+impl RequestGuard {
+    /// The connection became a tunnel (101 Switching Protocols).
+    pub fn upgraded(&self) {
+        self.0.upgraded.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let since = self.0.opened.elapsed().as_millis();
+        self.0
+            .idle_since_ms
+            .fetch_max(u64::try_from(since).unwrap_or(u64::MAX), Ordering::AcqRel);
+        self.0.open_requests.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The client's stream, failing its reads with `TimedOut` when no byte
+/// came within `first_byte`, or no request was open for `idle`.
+pub struct Deadlines<T> {
+    io: T,
+    activity: Arc<Activity>,
+    first_byte: Duration,
+    idle: Duration,
+    got_bytes: bool,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl<T> Deadlines<T> {
+    pub fn new(io: T, activity: Arc<Activity>, first_byte: Duration, idle: Duration) -> Self {
+        let first = activity.opened + first_byte.min(idle);
+        Self {
+            io,
+            activity,
+            first_byte,
+            idle,
+            got_bytes: false,
+            timer: Box::pin(tokio::time::sleep_until(first)),
+        }
+    }
+
+    /// Arms the timer for the deadline now in force; `Ready` when it has
+    /// passed. Called whenever a read would wait, so the timer is always
+    /// registered while the connection is quiet.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            let activity = &self.activity;
+            if activity.upgraded.load(Ordering::Acquire) {
+                return Poll::Pending;
+            }
+            let now = Instant::now();
+            if activity.open_requests.load(Ordering::Acquire) > 0 {
+                // Nothing to enforce: look again one idle period from now
+                // (an HTTP/2 connection may not read again on its own).
+                if self.timer.deadline() <= now {
+                    self.timer.as_mut().reset(now + self.idle);
+                }
+                let _ = self.timer.as_mut().poll(cx);
+                return Poll::Pending;
+            }
+            let idle = activity.idle_since() + self.idle;
+            let deadline = if self.got_bytes {
+                idle
+            } else {
+                idle.min(activity.opened + self.first_byte)
+            };
+            if now >= deadline {
+                return Poll::Ready(());
+            }
+            if self.timer.deadline() != deadline {
+                self.timer.as_mut().reset(deadline);
+            }
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Deadlines<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        if let Poll::Ready(result) = Pin::new(&mut self.io).poll_read(cx, buf) {
+            if buf.filled().len() > before {
+                self.got_bytes = true;
+            }
+            return Poll::Ready(result);
+        }
+        match self.poll_deadline(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no request within the interceptor's first_byte_timeout or idle_timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Deadlines<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
