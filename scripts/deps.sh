@@ -3,7 +3,7 @@
 # a C toolchain, make, pkg-config and OpenSSL headers for librdkafka (the
 # Kafka client, built from source by the rdkafka crate). Extra package
 # names given as arguments are installed too (scripts/test.sh adds
-# redis-server). Does nothing when everything is there.
+# redis-server; `promtool` stands for Debian's `prometheus`). Does nothing when everything is there.
 set -euo pipefail
 
 missing=()
@@ -16,6 +16,8 @@ for package in "$@"; do
   case "$package" in
     redis-server) command -v redis-server >/dev/null 2>&1 || missing+=(redis-server) ;;
     redis-tools) command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools) ;;
+    promtool) command -v promtool >/dev/null 2>&1 || missing+=(prometheus) ;;
+    buildah) command -v buildah >/dev/null 2>&1 || missing+=(buildah) ;;
     *) dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package") ;;
   esac
 done

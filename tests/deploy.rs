@@ -16,7 +16,7 @@ const NAMESPACE: &str = "keda";
 fn kubernetes_manifests_agree_with_each_other_and_with_hoist() {
     let docs = documents("deploy/kubernetes");
     check_consistency("deploy/kubernetes", &docs);
-    for doc in &docs {
+    for doc in docs.iter().filter(|d| !cluster_scoped(d)) {
         assert_eq!(
             doc["metadata"]["namespace"].as_str(),
             Some(NAMESPACE),
@@ -74,7 +74,32 @@ fn kubernetes_manifests_agree_with_each_other_and_with_hoist() {
         service_ports(service).keys().collect::<Vec<_>>(),
         ["admin", "grpc"]
     );
-    named(&docs, "PodDisruptionBudget", "hoist");
+    // One replica: no budget (maxUnavailable 1 would protect nothing).
+    assert_eq!(deployment["spec"]["replicas"].as_i64(), Some(1));
+    assert!(try_named(&docs, "PodDisruptionBudget", "hoist").is_none());
+}
+
+#[test]
+fn hoists_service_account_may_read_what_engine_mode_reads() {
+    let docs = documents("deploy/kubernetes");
+    let bound = bound_service_accounts("deploy/kubernetes", &docs);
+    assert_eq!(
+        bound,
+        std::collections::BTreeSet::from([("keda".to_string(), "hoist".to_string())]),
+        "hoist's ServiceAccount, not the interceptor's"
+    );
+    let rules: Vec<serde_json::Value> = list(&named(&docs, "ClusterRole", "hoist")["rules"])
+        .iter()
+        .map(json)
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            serde_json::json!({"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "list", "watch"]}),
+            serde_json::json!({"apiGroups": ["*"], "resources": ["*/scale"], "verbs": ["get"]}),
+            serde_json::json!({"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}),
+        ]
+    );
 }
 
 /// The commented-out `[interceptor]` lines in hoist.yaml's config, as TOML.
