@@ -73,7 +73,7 @@ b config \
   --workingdir / \
   --entrypoint '["/usr/local/bin/hoist"]' \
   --cmd '["serve", "--config", "/etc/hoist/hoist.toml"]' \
-  --port 9090 --port 9091 --port 8080 \
+  --port 9090/tcp --port 9091/tcp --port 8080/tcp \
   --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
   --label org.opencontainers.image.title=hoist \
   --label "org.opencontainers.image.version=$version" \

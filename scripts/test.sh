@@ -14,12 +14,19 @@ scripts/deps.sh redis-server redis-tools
 scripts/helm.sh
 # For tests/validate.rs: buildah (builds the image, scripts/image.sh) and
 # promtool (checks the alert rules) from Debian, kubernetes-validate
-# (Kubernetes' schemas) from PyPI.
+# (Kubernetes' schemas) from PyPI, the PrometheusRule schema from npm.
 scripts/deps.sh buildah promtool ca-certificates
 if ! command -v kubernetes-validate >/dev/null 2>&1; then
   python3 -m pip --version >/dev/null 2>&1 || scripts/deps.sh python3-pip
   pip_install=(python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0)
   "${pip_install[@]}" 2>/dev/null || "${pip_install[@]}" --break-system-packages
+fi
+# The Prometheus Operator's PrometheusRule schema, from npm (the operator
+# publishes no package of its CRDs on the registries reached here).
+if [ ! -d target/test-tools/node_modules/@kubernetes-models/prometheus-operator ]; then
+  command -v npm >/dev/null 2>&1 || scripts/deps.sh npm
+  npm install --silent --no-audit --no-fund --prefix target/test-tools \
+    @kubernetes-models/prometheus-operator@6.0.0 >/dev/null
 fi
 # A short fuzz smoke run of every parser first (no panics on arbitrary
 # input), then the suite, whose summary closes the output.

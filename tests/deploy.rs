@@ -349,13 +349,21 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
 #[test]
 fn the_tls_trigger_authentication_gives_keda_the_parameters_it_reads() {
     let examples = documents("deploy/examples");
-    let auth = kind(&examples, "TriggerAuthentication")[0];
-    let parameters: Vec<&str> = list(&auth["spec"]["secretTargetRef"])
-        .iter()
-        .map(|p| p["parameter"].as_str().unwrap())
-        .collect();
-    // KEDA's external scaler reads exactly these for its gRPC connection.
-    assert_eq!(parameters, ["caCert", "tlsClientCert", "tlsClientKey"]);
+    // One for every namespace (cluster-scoped), one for a namespace.
+    let cluster = kind(&examples, "ClusterTriggerAuthentication");
+    assert_eq!(cluster.len(), 1);
+    assert!(cluster[0]["metadata"]["namespace"].is_badvalue());
+    for auth in cluster
+        .into_iter()
+        .chain(kind(&examples, "TriggerAuthentication"))
+    {
+        let parameters: Vec<&str> = list(&auth["spec"]["secretTargetRef"])
+            .iter()
+            .map(|p| p["parameter"].as_str().unwrap())
+            .collect();
+        // KEDA's external scaler reads exactly these for its gRPC connection.
+        assert_eq!(parameters, ["caCert", "tlsClientCert", "tlsClientKey"]);
+    }
 }
 
 #[test]

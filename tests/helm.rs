@@ -167,7 +167,11 @@ fn with_its_defaults_the_chart_renders_what_hoist_yaml_holds() {
         named(&plain, "Service", "hoist"),
     );
     for key in ["clusterIP", "ports"] {
-        assert_eq!(json(&sa["spec"][key]), json(&sb["spec"][key]), "Service {key}");
+        assert_eq!(
+            json(&sa["spec"][key]),
+            json(&sb["spec"][key]),
+            "Service {key}"
+        );
     }
     for kind_ in ["ClusterRole", "ClusterRoleBinding"] {
         let (ra, rb) = (named(&chart, kind_, "hoist"), named(&plain, kind_, "hoist"));

@@ -50,7 +50,13 @@ fn succeeded(what: &str, output: &Output) {
 
 fn helm_render(values: &[&str]) -> Vec<Yaml> {
     let helm = std::env::var("HELM_BIN").unwrap_or_else(|_| "helm".into());
-    let mut args = vec!["template", "hoist", "deploy/helm/hoist", "--namespace", "keda"];
+    let mut args = vec![
+        "template",
+        "hoist",
+        "deploy/helm/hoist",
+        "--namespace",
+        "keda",
+    ];
     for file in values {
         args.extend(["--values", file]);
     }
@@ -147,14 +153,68 @@ fn everything() -> Vec<(String, Value)> {
         .iter()
         .filter(|c| c["name"] == "hoist")
         .collect();
+    // One network namespace: no port of KEDA's container is hoist's, and
+    // hoist's listeners (gRPC on loopback, admin) are where the pod says;
+    // its state file is on the writable volume.
+    let mut numbers = BTreeSet::new();
+    for container in pod["containers"].as_array().unwrap() {
+        for port in container["ports"].as_array().into_iter().flatten() {
+            assert!(
+                numbers.insert(port["containerPort"].as_i64().unwrap()),
+                "sidecar: port {port} twice in KEDA's pod"
+            );
+        }
+    }
+    let sidecar_config = documents_of("deploy/keda-sidecar/hoist-config.yaml");
+    let settings = load_ok(
+        "keda-sidecar/hoist-config.yaml",
+        sidecar_config[0]["data"]["hoist.toml"].as_str().unwrap(),
+    );
+    assert!(
+        settings.grpc.listen.ip().is_loopback(),
+        "gRPC for KEDA only"
+    );
+    let admin = sidecar[0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "hoist-admin")
+        .unwrap();
+    assert_eq!(
+        admin["containerPort"].as_i64(),
+        Some(i64::from(settings.admin.listen.port()))
+    );
+    assert!(
+        pod["terminationGracePeriodSeconds"].as_i64().unwrap()
+            > settings.shutdown_grace.as_secs() as i64
+    );
+    let mounts: BTreeMap<&str, &str> = sidecar[0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["mountPath"].as_str().unwrap(),
+                m["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(mounts["/var/lib/hoist"], "hoist-state");
+    assert!(
+        settings
+            .state_file
+            .as_ref()
+            .is_some_and(|f| f.starts_with("/var/lib/hoist"))
+    );
     assert_eq!(
         values["operator"]["extraContainers"],
         Value::Array(vec![sidecar[0].clone()]),
         "keda-values.yaml's container is the patch's"
     );
-    let patch_volumes = json(&documents_of("deploy/keda-sidecar/keda-operator-patch.yaml")[0])
-        ["spec"]["template"]["spec"]["volumes"]
-        .clone();
+    let patch_volumes =
+        json(&documents_of("deploy/keda-sidecar/keda-operator-patch.yaml")[0])["spec"]["template"]
+            ["spec"]["volumes"]
+            .clone();
     assert_eq!(values["volumes"]["keda"]["extraVolumes"], patch_volumes);
     for object in values["extraObjects"].as_array().unwrap() {
         all.push((
@@ -263,7 +323,9 @@ fn check_schema(path: &str, value: &Value, schema: &Value, errors: &mut Vec<Stri
                         check_schema(&child, item, additional, errors);
                     }
                 } else if !preserve && !(path.ends_with(".metadata") || path == "metadata") {
-                    errors.push(format!("{child}: not in the schema (the API server drops it)"));
+                    errors.push(format!(
+                        "{child}: not in the schema (the API server drops it)"
+                    ));
                 }
             }
         }
@@ -325,7 +387,10 @@ fn every_keda_object_is_valid_against_kedas_crds_with_no_undeclared_field() {
         };
         let Some(by_version) = schemas.get(kind_) else {
             assert!(
-                !object["apiVersion"].as_str().unwrap().starts_with("keda.sh"),
+                !object["apiVersion"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("keda.sh"),
                 "{source}: a KEDA kind with no CRD here"
             );
             continue;
@@ -356,7 +421,9 @@ fn every_keda_object_is_valid_against_kedas_crds_with_no_undeclared_field() {
     object["spec"]["minReplicaCount"] = Value::String("0".into());
     let errors = crd_errors(&object, &schemas["ScaledObject"]["keda.sh/v1alpha1"]);
     assert!(
-        errors.iter().any(|e| e.contains("triggers[0].authRef: not in the schema"))
+        errors
+            .iter()
+            .any(|e| e.contains("triggers[0].authRef: not in the schema"))
             && errors.iter().any(|e| e.contains("minReplicaCount")),
         "{errors:#?}"
     );
@@ -379,10 +446,34 @@ fn with_local_files(config: &str, dir: &Path) -> String {
         )
 }
 
+/// The configs ScaledObjects meet: hoist.yaml's, the chart's defaults
+/// and the KEDA sidecar's.
+fn shipped_configs() -> Vec<(String, String)> {
+    let docs = documents("deploy/kubernetes");
+    let chart = helm_render(&[]);
+    let sidecar = documents_of("deploy/keda-sidecar/hoist-config.yaml");
+    vec![
+        (
+            "hoist.yaml".into(),
+            config_text(&docs, named(&docs, "Deployment", "hoist")).to_string(),
+        ),
+        (
+            "chart defaults".into(),
+            config_text(&chart, named(&chart, "Deployment", "hoist")).to_string(),
+        ),
+        (
+            "keda-sidecar".into(),
+            sidecar[0]["data"]["hoist.toml"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        ),
+    ]
+}
+
 #[tokio::test]
 async fn every_example_is_accepted_by_hoist_serving_the_config_shipped_with_it() {
     let docs = documents("deploy/kubernetes");
-    let dir = tempfile::tempdir().unwrap();
     // The split setup's interceptor: interceptor.yaml's config, on loopback.
     let interceptor_config = config_text(&docs, named(&docs, "Deployment", "hoist-interceptor"))
         .replace("0.0.0.0:", "127.0.0.1:")
@@ -391,48 +482,49 @@ async fn every_example_is_accepted_by_hoist_serving_the_config_shipped_with_it()
         .replace(":9091\"", ":0\"");
     let interceptor =
         support::Hoist::start_interceptor(load_ok("interceptor.yaml", &interceptor_config)).await;
-    // hoist.yaml's config with its split-setup lines, endpoints on loopback.
-    let scaler = config_text(&docs, named(&docs, "Deployment", "hoist"));
-    let split = format!(
-        "{scaler}\n[interceptor]\nendpoints = [\"{}\"]\n",
-        interceptor.admin
-    );
-    let settings = load_ok("hoist.yaml", &with_local_files(&split, dir.path()));
-    let hoist = support::Hoist::start_with(settings).await;
-
-    let mut checked = 0;
-    for object in kind(&documents("deploy/examples"), "ScaledObject") {
-        for (i, trigger) in list(&object["spec"]["triggers"]).iter().enumerate() {
-            let mut metadata: Vec<(String, String)> = trigger["metadata"]
-                .as_hash()
-                .unwrap()
-                .iter()
-                .map(|(k, v)| (k.as_str().unwrap().into(), v.as_str().unwrap().into()))
-                .collect();
-            // KEDA resolves connectionFromEnv from the target's environment.
-            for (key, value) in &mut metadata {
-                if key == "connectionFromEnv" {
-                    *key = "connection".into();
-                    *value = "Endpoint=sb://billing.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v".into();
+    for (source, config) in shipped_configs() {
+        let dir = tempfile::tempdir().unwrap();
+        // With the split setup's lines, endpoints on loopback.
+        let split = format!(
+            "{config}\n[interceptor]\nendpoints = [\"{}\"]\n",
+            interceptor.admin
+        );
+        let settings = load_ok(&source, &with_local_files(&split, dir.path()));
+        let hoist = support::Hoist::start_with(settings).await;
+        let mut checked = 0;
+        for object in kind(&documents("deploy/examples"), "ScaledObject") {
+            for (i, trigger) in list(&object["spec"]["triggers"]).iter().enumerate() {
+                let mut metadata: Vec<(String, String)> = trigger["metadata"]
+                    .as_hash()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.as_str().unwrap().into(), v.as_str().unwrap().into()))
+                    .collect();
+                // KEDA resolves connectionFromEnv from the target's
+                // environment before hoist sees it.
+                for (key, value) in &mut metadata {
+                    if key == "connectionFromEnv" {
+                        *value = "Endpoint=sb://billing.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v".into();
+                    }
                 }
+                let pairs: Vec<(&str, &str)> = metadata
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                let mut reference = support::object(&format!("{}-{i}", name(object)), &pairs);
+                reference.namespace = object["metadata"]["namespace"].as_str().unwrap().into();
+                let response = hoist
+                    .client()
+                    .await
+                    .get_metric_spec(reference)
+                    .await
+                    .unwrap_or_else(|status| panic!("{source}: {}: {status:?}", name(object)));
+                assert_eq!(response.into_inner().metric_specs.len(), 1);
+                checked += 1;
             }
-            let pairs: Vec<(&str, &str)> = metadata
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            let mut reference = support::object(&format!("{}-{i}", name(object)), &pairs);
-            reference.namespace = object["metadata"]["namespace"].as_str().unwrap().into();
-            let response = hoist
-                .client()
-                .await
-                .get_metric_spec(reference)
-                .await
-                .unwrap_or_else(|status| panic!("{}: {status:?}", name(object)));
-            assert_eq!(response.into_inner().metric_specs.len(), 1);
-            checked += 1;
         }
+        assert!(checked >= 5, "{checked} triggers");
     }
-    assert!(checked >= 5, "{checked} triggers");
 }
 
 fn metric_names_on_live_metrics(text: &str) -> BTreeSet<String> {
@@ -502,9 +594,35 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
     // In-process interceptor routes, so its families are on the page too.
     let text = "[interceptor]\nhttp_listen = \"127.0.0.1:0\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.example.com\"\nupstream = \"127.0.0.1:9\"\n";
     let hoist = support::Hoist::start_with(load_ok("in-process", text)).await;
-    let (status, page) = hoist.get("/metrics").await;
-    assert_eq!(status, 200);
-    let live = metric_names_on_live_metrics(&page);
+    // A trigger whose source refuses connections: polls, failures and
+    // their durations get series (an empty family has no lines at all).
+    let refused = support::free_port().to_string();
+    let object = support::object(
+        "worker",
+        &[
+            ("scaler", "redis"),
+            ("address", &format!("127.0.0.1:{refused}")),
+            ("listName", "jobs"),
+            ("listLength", "5"),
+        ],
+    );
+    let _ = hoist.metric(&object).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let live = loop {
+        let (status, page) = hoist.get("/metrics").await;
+        assert_eq!(status, 200);
+        let live = metric_names_on_live_metrics(&page);
+        if live.contains("hoist_poll_errors_total")
+            && live.contains("hoist_poll_duration_seconds_count")
+        {
+            break live;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed poll on /metrics: {live:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
     let metric = regex::Regex::new(r"\bhoist_[a-z_]+\b").unwrap();
     let mut used = BTreeSet::new();
     for (source, query) in queries() {
@@ -538,9 +656,40 @@ fn the_alert_rules_pass_promtool() {
         .map(|r| r["alert"].as_str().unwrap())
         .collect();
     assert_eq!(alerts.len(), 5);
+    // The Prometheus Operator's schema for the whole object.
+    let modules = std::env::var("HOIST_TEST_NODE_MODULES").unwrap_or_else(|_| {
+        root()
+            .join("target/test-tools/node_modules")
+            .display()
+            .to_string()
+    });
+    assert!(
+        Path::new(&modules)
+            .join("@kubernetes-models/prometheus-operator")
+            .is_dir(),
+        "no @kubernetes-models/prometheus-operator in {modules}: scripts/test.sh installs it"
+    );
+    let object = dir.path().join("rule.json");
+    std::fs::write(&object, rule.to_string()).unwrap();
+    let schema = |file: &Path| {
+        run(
+            "node",
+            &[
+                "scripts/prometheusrule-schema.mjs",
+                &modules,
+                file.to_str().unwrap(),
+            ],
+        )
+    };
+    succeeded("the PrometheusRule schema", &schema(&object));
+    let mut wrong = rule.clone();
+    wrong["spec"]["groups"][0]["rules"][0]["for"] = serde_json::json!(600);
+    std::fs::write(&object, wrong.to_string()).unwrap();
+    assert!(!schema(&object).status.success(), "`for` must be a string");
     // promtool refuses a broken expression: the check can fail.
     let mut broken = rule["spec"].clone();
-    broken["groups"][0]["rules"][0]["expr"] = Value::String("rate(hoist_poll_errors_total[5m]".into());
+    broken["groups"][0]["rules"][0]["expr"] =
+        Value::String("rate(hoist_poll_errors_total[5m]".into());
     std::fs::write(&file, broken.to_string()).unwrap();
     let output = run("promtool", &["check", "rules", file.to_str().unwrap()]);
     assert!(!output.status.success());
@@ -580,14 +729,21 @@ fn the_image_built_here_runs_hoist_as_uid_65532() {
     let storage = dir.path().join("storage");
     let from = buildah(
         &storage,
-        &["from", "--quiet", &format!("oci-archive:{}", archive.display())],
+        &[
+            "from",
+            "--quiet",
+            &format!("oci-archive:{}", archive.display()),
+        ],
     );
     let container = String::from_utf8(from.stdout).unwrap().trim().to_string();
     let inspect: Value =
         serde_json::from_slice(&buildah(&storage, &["inspect", &container]).stdout).unwrap();
     let config = &inspect["OCIv1"]["config"];
     assert_eq!(config["User"], "65532:65532");
-    assert_eq!(config["Entrypoint"], serde_json::json!(["/usr/local/bin/hoist"]));
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/hoist"])
+    );
     assert_eq!(
         config["Cmd"],
         serde_json::json!(["serve", "--config", "/etc/hoist/hoist.toml"])
@@ -604,7 +760,9 @@ fn the_image_built_here_runs_hoist_as_uid_65532() {
         labels["org.opencontainers.image.version"],
         env!("CARGO_PKG_VERSION")
     );
-    let revision = labels["org.opencontainers.image.revision"].as_str().unwrap();
+    let revision = labels["org.opencontainers.image.revision"]
+        .as_str()
+        .unwrap();
     assert!(revision.len() >= 40, "a commit: {revision}");
 
     let mount = buildah(&storage, &["mount", &container]);
@@ -644,7 +802,11 @@ fn the_image_built_here_runs_hoist_as_uid_65532() {
     // Its CA bundle and the user the pods run as are there.
     assert!(rootfs.join("etc/ssl/certs/ca-certificates.crt").is_file());
     let passwd = std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap();
-    assert!(passwd.lines().any(|l| l.starts_with("hoist:x:65532:65532:")));
+    assert!(
+        passwd
+            .lines()
+            .any(|l| l.starts_with("hoist:x:65532:65532:"))
+    );
     buildah(&storage, &["umount", &container]);
     buildah(&storage, &["rm", &container]);
     buildah(&storage, &["rmi", "--all", "--force"]);

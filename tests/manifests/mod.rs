@@ -313,7 +313,10 @@ pub fn bound_service_accounts(source: &str, docs: &[Yaml]) -> BTreeSet<(String, 
 /// The settings a Deployment's config loads to (a `hoist interceptor`
 /// config too: its [interceptor] section is checked like hoist's).
 pub fn deployment_settings(docs: &[Yaml], deployment: &Yaml) -> Settings {
-    load_ok(&format!("Deployment {}", name(deployment)), config_text(docs, deployment))
+    load_ok(
+        &format!("Deployment {}", name(deployment)),
+        config_text(docs, deployment),
+    )
 }
 
 /// The checks every set of manifests must pass (see the module doc).
@@ -414,14 +417,19 @@ pub fn check_consistency(source: &str, docs: &[Yaml]) {
             settings.shutdown_grace
         );
         let interceptor = &settings.interceptor;
-        let runs_proxies = strings(&container["args"])[0] == "interceptor"
-            || interceptor.in_process();
+        let runs_proxies =
+            strings(&container["args"])[0] == "interceptor" || interceptor.in_process();
         if runs_proxies {
             let longest = interceptor
                 .http_routes
                 .iter()
                 .filter_map(|r| r.cold_start_timeout)
-                .chain(interceptor.tcp_routes.iter().filter_map(|r| r.cold_start_timeout))
+                .chain(
+                    interceptor
+                        .tcp_routes
+                        .iter()
+                        .filter_map(|r| r.cold_start_timeout),
+                )
                 .fold(interceptor.cold_start_timeout, std::cmp::max);
             assert!(
                 settings.shutdown_grace > longest,
