@@ -322,7 +322,7 @@ fn check_schema(path: &str, value: &Value, schema: &Value, errors: &mut Vec<Stri
                     if additional.is_object() {
                         check_schema(&child, item, additional, errors);
                     }
-                } else if !preserve && !(path.ends_with(".metadata") || path == "metadata") {
+                } else if !(preserve || path.ends_with(".metadata")) {
                     errors.push(format!(
                         "{child}: not in the schema (the API server drops it)"
                     ));
