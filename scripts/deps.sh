@@ -5,7 +5,7 @@
 # rdkafka crate with TLS, OAUTHBEARER's OIDC token fetch and GSSAPI), with
 # kinit and SASL's GSSAPI plugin for Kafka's `sasl: gssapi`. Extra package
 # names given as arguments are installed too (scripts/test.sh adds
-# redis-server). Does nothing when everything is there.
+# redis-server; `promtool` stands for Debian's `prometheus`). Does nothing when everything is there.
 set -euo pipefail
 
 missing=()
@@ -22,6 +22,8 @@ for package in "$@"; do
   case "$package" in
     redis-server) command -v redis-server >/dev/null 2>&1 || missing+=(redis-server) ;;
     redis-tools) command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools) ;;
+    promtool) command -v promtool >/dev/null 2>&1 || missing+=(prometheus) ;;
+    buildah) command -v buildah >/dev/null 2>&1 || missing+=(buildah) ;;
     *) dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package") ;;
   esac
 done

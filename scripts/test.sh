@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the suite needs on a fresh machine
-# (build tools for librdkafka, redis-server and redis-cli from Debian, and
-# helm, when missing), then runs every test. Tests start their own redis-server
+# (build tools for librdkafka, redis-server and redis-cli, buildah and
+# promtool from Debian, kubernetes-validate from PyPI, and helm, when
+# missing), then runs every test. Tests start their own redis-server
 # processes on free ports and Kafka's mock cluster in-process; nothing
 # needs to be running beforehand. HOIST_TEST_KAFKA_BOOTSTRAP=host:port
 # adds a run against a real Kafka broker.
@@ -11,6 +12,22 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh redis-server redis-tools
 # helm, for tests/helm.rs (renders deploy/helm/hoist); see scripts/helm.sh.
 scripts/helm.sh
+# For tests/validate.rs: buildah (builds the image, scripts/image.sh) and
+# promtool (checks the alert rules) from Debian, kubernetes-validate
+# (Kubernetes' schemas) from PyPI, the PrometheusRule schema from npm.
+scripts/deps.sh buildah promtool ca-certificates
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+  python3 -m pip --version >/dev/null 2>&1 || scripts/deps.sh python3-pip
+  pip_install=(python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0)
+  "${pip_install[@]}" 2>/dev/null || "${pip_install[@]}" --break-system-packages
+fi
+# The Prometheus Operator's PrometheusRule schema, from npm (the operator
+# publishes no package of its CRDs on the registries reached here).
+if [ ! -d target/test-tools/node_modules/@kubernetes-models/prometheus-operator ]; then
+  command -v npm >/dev/null 2>&1 || scripts/deps.sh npm
+  npm install --silent --no-audit --no-fund --prefix target/test-tools \
+    @kubernetes-models/prometheus-operator@6.0.0 >/dev/null
+fi
 # A short fuzz smoke run of every parser first (no panics on arbitrary
 # input), then the suite, whose summary closes the output.
 FUZZ_SECONDS="${FUZZ_SECONDS:-5}" scripts/fuzz-smoke.sh

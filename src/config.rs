@@ -738,6 +738,7 @@ impl Settings {
                 reason: "must be more than zero and at most 60 s".to_string(),
             });
         }
+        self.check_listener_collisions()?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return Err(ConfigError::Invalid {
                 key: "log.level".to_string(),
@@ -751,6 +752,46 @@ impl Settings {
     /// `shutdown_grace`.
     pub fn grace(&self) -> Duration {
         self.shutdown.grace.unwrap_or(self.shutdown_grace)
+    }
+
+    /// Two listeners `hoist serve` would bind on one port (the same address,
+    /// or one of them on every address) would crash-loop it on `Address
+    /// already in use`: refuse them here, where check-config sees it too.
+    fn check_listener_collisions(&self) -> Result<(), ConfigError> {
+        let mut listeners = vec![
+            ("grpc.listen".to_string(), self.grpc.listen),
+            ("admin.listen".to_string(), self.admin.listen),
+        ];
+        if self.interceptor.in_process() {
+            if !self.interceptor.http_routes.is_empty() {
+                listeners.push((
+                    "interceptor.http_listen".to_string(),
+                    self.interceptor.http_listen,
+                ));
+            }
+            for route in &self.interceptor.tcp_routes {
+                let key = format!("interceptor.tcp_routes[{}].listen", route.name);
+                listeners.push((key, route.listen));
+            }
+        }
+        for (at, (key, address)) in listeners.iter().enumerate() {
+            let clash = listeners[..at].iter().find(|(_, earlier)| {
+                earlier.port() == address.port()
+                    && address.port() != 0
+                    && (earlier.ip() == address.ip()
+                        || earlier.ip().is_unspecified()
+                        || address.ip().is_unspecified())
+            });
+            if let Some((other, earlier)) = clash {
+                return Err(ConfigError::Invalid {
+                    key: key.clone(),
+                    reason: format!(
+                        "{address} collides with {other} ({earlier}): one port, one listener"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The settings with every literal credential replaced by `***`, for
@@ -849,6 +890,48 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn listeners_on_one_port_are_refused_with_both_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hoist.toml");
+        let cases = [
+            (
+                "[admin]\nlisten = \"0.0.0.0:9090\"\n",
+                "admin.listen",
+                "grpc.listen",
+            ),
+            (
+                "[interceptor]\nhttp_listen = \"127.0.0.1:9091\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.example.com\"\nupstream = \"web:80\"\n",
+                "interceptor.http_listen",
+                "admin.listen",
+            ),
+            (
+                "[[interceptor.tcp_routes]]\nname = \"db\"\nlisten = \"[::]:9090\"\nupstream = \"db:5432\"\n",
+                "interceptor.tcp_routes[db].listen",
+                "grpc.listen",
+            ),
+        ];
+        for (text, key, other) in cases {
+            std::fs::write(&file, text).unwrap();
+            let error = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap_err();
+            let ConfigError::Invalid { key: got, reason } = &error else {
+                panic!("{text}: {error}")
+            };
+            assert_eq!(got, key, "{text}");
+            assert!(reason.contains(other), "{text}: {reason}");
+        }
+        // Distinct addresses on one port, and remote interceptors whose
+        // routes this process never binds, are fine.
+        for text in [
+            "[grpc]\nlisten = \"127.0.0.1:7000\"\n[admin]\nlisten = \"127.0.0.2:7000\"\n",
+            "[interceptor]\nendpoints = [\"i:9091\"]\nhttp_listen = \"0.0.0.0:9091\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.example.com\"\nupstream = \"web:80\"\n",
+        ] {
+            std::fs::write(&file, text).unwrap();
+            Settings::load(Some(&file), env(&[]), &Overrides::default())
+                .unwrap_or_else(|e| panic!("{text}: {e}"));
+        }
     }
 
     #[test]

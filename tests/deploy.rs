@@ -16,7 +16,7 @@ const NAMESPACE: &str = "keda";
 fn kubernetes_manifests_agree_with_each_other_and_with_hoist() {
     let docs = documents("deploy/kubernetes");
     check_consistency("deploy/kubernetes", &docs);
-    for doc in &docs {
+    for doc in docs.iter().filter(|d| !cluster_scoped(d)) {
         assert_eq!(
             doc["metadata"]["namespace"].as_str(),
             Some(NAMESPACE),
@@ -74,7 +74,32 @@ fn kubernetes_manifests_agree_with_each_other_and_with_hoist() {
         service_ports(service).keys().collect::<Vec<_>>(),
         ["admin", "grpc"]
     );
-    named(&docs, "PodDisruptionBudget", "hoist");
+    // One replica: no budget (maxUnavailable 1 would protect nothing).
+    assert_eq!(deployment["spec"]["replicas"].as_i64(), Some(1));
+    assert!(try_named(&docs, "PodDisruptionBudget", "hoist").is_none());
+}
+
+#[test]
+fn hoists_service_account_may_read_what_engine_mode_reads() {
+    let docs = documents("deploy/kubernetes");
+    let bound = bound_service_accounts("deploy/kubernetes", &docs);
+    assert_eq!(
+        bound,
+        std::collections::BTreeSet::from([("keda".to_string(), "hoist".to_string())]),
+        "hoist's ServiceAccount, not the interceptor's"
+    );
+    let rules: Vec<serde_json::Value> = list(&named(&docs, "ClusterRole", "hoist")["rules"])
+        .iter()
+        .map(json)
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            serde_json::json!({"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "list", "watch"]}),
+            serde_json::json!({"apiGroups": ["*"], "resources": ["*/scale"], "verbs": ["get"]}),
+            serde_json::json!({"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}),
+        ]
+    );
 }
 
 /// The commented-out `[interceptor]` lines in hoist.yaml's config, as TOML.
@@ -324,13 +349,21 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
 #[test]
 fn the_tls_trigger_authentication_gives_keda_the_parameters_it_reads() {
     let examples = documents("deploy/examples");
-    let auth = kind(&examples, "TriggerAuthentication")[0];
-    let parameters: Vec<&str> = list(&auth["spec"]["secretTargetRef"])
-        .iter()
-        .map(|p| p["parameter"].as_str().unwrap())
-        .collect();
-    // KEDA's external scaler reads exactly these for its gRPC connection.
-    assert_eq!(parameters, ["caCert", "tlsClientCert", "tlsClientKey"]);
+    // One for every namespace (cluster-scoped), one for a namespace.
+    let cluster = kind(&examples, "ClusterTriggerAuthentication");
+    assert_eq!(cluster.len(), 1);
+    assert!(cluster[0]["metadata"]["namespace"].is_badvalue());
+    for auth in cluster
+        .into_iter()
+        .chain(kind(&examples, "TriggerAuthentication"))
+    {
+        let parameters: Vec<&str> = list(&auth["spec"]["secretTargetRef"])
+            .iter()
+            .map(|p| p["parameter"].as_str().unwrap())
+            .collect();
+        // KEDA's external scaler reads exactly these for its gRPC connection.
+        assert_eq!(parameters, ["caCert", "tlsClientCert", "tlsClientKey"]);
+    }
 }
 
 #[test]

@@ -58,7 +58,7 @@ fn render(release: &str, namespace: &str, values: &[&str]) -> Vec<Yaml> {
         String::from_utf8_lossy(&output.stderr)
     );
     let docs = parse(&format!("helm template {values:?}"), &stdout);
-    for doc in &docs {
+    for doc in docs.iter().filter(|d| !cluster_scoped(d)) {
         assert_eq!(
             doc["metadata"]["namespace"].as_str(),
             Some(namespace),
@@ -97,11 +97,6 @@ fn probe_kinds(container: &Yaml) -> BTreeMap<&'static str, String> {
             (probe, kind)
         })
         .collect()
-}
-
-fn without_auth(mut settings: Settings) -> Settings {
-    settings.auth.clear();
-    settings
 }
 
 #[test]
@@ -162,29 +157,32 @@ fn with_its_defaults_the_chart_renders_what_hoist_yaml_holds() {
             assert_eq!(ca[probe][key], cb[probe][key], "{probe} {key}");
         }
     }
-    for volume_name in ["config", "state"] {
+    for volume_name in ["config", "state", "credentials"] {
         assert_eq!(mount_path(a, volume_name), mount_path(b, volume_name));
         assert_eq!(json(volume(a, volume_name)), json(volume(b, volume_name)));
     }
 
-    for (kind_, object) in [("Service", "hoist"), ("PodDisruptionBudget", "hoist")] {
-        let (sa, sb) = (named(&chart, kind_, object), named(&plain, kind_, object));
-        for key in ["clusterIP", "ports", "maxUnavailable"] {
-            assert_eq!(
-                json(&sa["spec"][key]),
-                json(&sb["spec"][key]),
-                "{kind_} {key}"
-            );
+    let (sa, sb) = (
+        named(&chart, "Service", "hoist"),
+        named(&plain, "Service", "hoist"),
+    );
+    for key in ["clusterIP", "ports"] {
+        assert_eq!(
+            json(&sa["spec"][key]),
+            json(&sb["spec"][key]),
+            "Service {key}"
+        );
+    }
+    for kind_ in ["ClusterRole", "ClusterRoleBinding"] {
+        let (ra, rb) = (named(&chart, kind_, "hoist"), named(&plain, kind_, "hoist"));
+        for key in ["rules", "roleRef", "subjects"] {
+            assert_eq!(json(&ra[key]), json(&rb[key]), "{kind_} {key}");
         }
     }
 
-    // The same settings, but for hoist.yaml's example auth profile.
+    // The same settings, auth profiles included.
     let rendered = load_ok("chart hoist.toml", config_text(&chart, a));
-    assert!(rendered.auth.is_empty());
-    assert_eq!(
-        rendered,
-        without_auth(load_ok("hoist.yaml", config_text(&plain, b)))
-    );
+    assert_eq!(rendered, load_ok("hoist.yaml", config_text(&plain, b)));
     let defaults = Settings::default();
     let ports = container_ports(ca);
     assert_eq!(ports["grpc"], i64::from(defaults.grpc.listen.port()));
@@ -401,8 +399,17 @@ fn in_process_mode_opens_the_proxies_on_hoists_own_pods() {
     assert_eq!(
         names,
         BTreeSet::from(["edge-hoist", "edge-hoist-interceptor-proxy"]),
-        "no interceptor Deployment, ConfigMap or headless Service"
+        "no interceptor Deployment, ConfigMap or headless Service; no RBAC"
     );
+    // The claim: the old pod lets go before the new one starts; hoist
+    // runs the proxies, so it waits out held requests at shutdown.
+    let edge = named(&docs, "Deployment", "edge-hoist");
+    assert_eq!(edge["spec"]["strategy"]["type"].as_str(), Some("Recreate"));
+    assert_eq!(
+        pod_spec(edge)["automountServiceAccountToken"].as_bool(),
+        Some(false)
+    );
+    assert!(deployment_settings(&docs, edge).shutdown_grace.as_secs() > 60);
 
     let scaler = named(&docs, "Deployment", "edge-hoist");
     let container_ = container(scaler);
@@ -508,6 +515,15 @@ fn bad_values_fail_the_render_with_a_reason() {
         (
             "interceptor:\n  mode: split\n  tcpRoutes:\n    - { name: db, listen: nowhere, upstream: db:5432 }\n",
             "listen",
+        ),
+        // Listeners of one pod on one port crash-loop it.
+        (
+            "interceptor:\n  mode: inProcess\n  httpPort: 9091\n",
+            "port 9091 is used twice",
+        ),
+        (
+            "interceptor:\n  mode: split\n  tcpRoutes:\n    - { name: db, listen: \"0.0.0.0:9091\", upstream: db:5432 }\n",
+            "port 9091 is used twice",
         ),
     ];
     for (i, (values, reason)) in cases.into_iter().enumerate() {

@@ -5,6 +5,11 @@
 //! number, probes use ports the container has and endpoints hoist serves,
 //! pods run as non-root on a read-only root file system, and the config
 //! file a container is started with is a key of the ConfigMap it mounts.
+//! Lifecycle: a pod's grace period outlasts its process's shutdown_grace,
+//! which outlasts the longest cold start a held request may wait for; a
+//! state claim comes with the Recreate strategy; a budget leaves at least
+//! one pod standing. RBAC: a pod mounts its token exactly when a binding
+//! gives its ServiceAccount a role that the manifests define.
 
 #![allow(dead_code)] // tests/deploy.rs and tests/helm.rs use different parts
 
@@ -270,8 +275,53 @@ pub fn split_interceptor(source: &str, text: &str) -> (String, Option<toml::Tabl
     (toml::to_string(&table).unwrap(), section)
 }
 
+/// Cluster-scoped kinds, which carry no namespace.
+pub fn cluster_scoped(doc: &Yaml) -> bool {
+    matches!(
+        doc["kind"].as_str(),
+        Some("ClusterRole" | "ClusterRoleBinding" | "ClusterTriggerAuthentication")
+    )
+}
+
+/// The ServiceAccounts (namespace, name) that a ClusterRoleBinding of
+/// `docs` binds to a ClusterRole of `docs`.
+pub fn bound_service_accounts(source: &str, docs: &[Yaml]) -> BTreeSet<(String, String)> {
+    let mut bound = BTreeSet::new();
+    for binding in kind(docs, "ClusterRoleBinding") {
+        let role = &binding["roleRef"];
+        assert_eq!(role["kind"].as_str(), Some("ClusterRole"), "{source}");
+        let role = named(docs, "ClusterRole", role["name"].as_str().unwrap());
+        assert!(!list(&role["rules"]).is_empty(), "{source}: an empty role");
+        for subject in list(&binding["subjects"]) {
+            assert_eq!(subject["kind"].as_str(), Some("ServiceAccount"), "{source}");
+            let (namespace, account) = (
+                subject["namespace"].as_str().unwrap().to_string(),
+                subject["name"].as_str().unwrap().to_string(),
+            );
+            let defined = named(docs, "ServiceAccount", &account);
+            assert_eq!(
+                defined["metadata"]["namespace"].as_str(),
+                Some(namespace.as_str()),
+                "{source}: the binding's ServiceAccount"
+            );
+            bound.insert((namespace, account));
+        }
+    }
+    bound
+}
+
+/// The settings a Deployment's config loads to (a `hoist interceptor`
+/// config too: its [interceptor] section is checked like hoist's).
+pub fn deployment_settings(docs: &[Yaml], deployment: &Yaml) -> Settings {
+    load_ok(
+        &format!("Deployment {}", name(deployment)),
+        config_text(docs, deployment),
+    )
+}
+
 /// The checks every set of manifests must pass (see the module doc).
 pub fn check_consistency(source: &str, docs: &[Yaml]) {
+    let bound = bound_service_accounts(source, docs);
     let all = objects(docs);
     assert_eq!(
         all.len(),
@@ -344,11 +394,60 @@ pub fn check_consistency(source: &str, docs: &[Yaml]) {
             Some(true),
             "{what}"
         );
+        let account = (
+            deployment["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            pod["serviceAccountName"].as_str().unwrap().to_string(),
+        );
         assert_eq!(
             pod["automountServiceAccountToken"].as_bool(),
-            Some(false),
-            "{what}"
+            Some(bound.contains(&account)),
+            "{what}: a token exactly when its ServiceAccount has a role"
         );
+
+        // Shutdown: kubelet waits longer than hoist's own grace, which
+        // covers the longest cold start a held request waits for.
+        let settings = deployment_settings(docs, deployment);
+        let grace = pod["terminationGracePeriodSeconds"].as_i64().unwrap();
+        assert!(
+            grace > settings.shutdown_grace.as_secs() as i64,
+            "{what}: terminationGracePeriodSeconds {grace} <= shutdown_grace {:?}",
+            settings.shutdown_grace
+        );
+        let interceptor = &settings.interceptor;
+        let runs_proxies =
+            strings(&container["args"])[0] == "interceptor" || interceptor.in_process();
+        if runs_proxies {
+            let longest = interceptor
+                .http_routes
+                .iter()
+                .filter_map(|r| r.cold_start_timeout)
+                .chain(
+                    interceptor
+                        .tcp_routes
+                        .iter()
+                        .filter_map(|r| r.cold_start_timeout),
+                )
+                .fold(interceptor.cold_start_timeout, std::cmp::max);
+            assert!(
+                settings.shutdown_grace > longest,
+                "{what}: shutdown_grace {:?} cuts requests held up to {longest:?}",
+                settings.shutdown_grace
+            );
+        }
+        // A claim is ReadWriteOnce: the old pod must let go first.
+        let claims = list(&pod["volumes"])
+            .iter()
+            .any(|v| !v["persistentVolumeClaim"].is_badvalue());
+        if claims {
+            assert_eq!(
+                deployment["spec"]["strategy"]["type"].as_str(),
+                Some("Recreate"),
+                "{what}: a claim needs strategy Recreate"
+            );
+        }
         let security = &container["securityContext"];
         assert_eq!(
             security["readOnlyRootFilesystem"].as_bool(),
@@ -399,9 +498,13 @@ pub fn check_consistency(source: &str, docs: &[Yaml]) {
         }
     }
     for budget in kind(docs, "PodDisruptionBudget") {
-        selected(
-            &format!("PodDisruptionBudget {}", name(budget)),
-            &labels(&budget["spec"]["selector"]["matchLabels"]),
+        let what = format!("PodDisruptionBudget {}", name(budget));
+        let target = selected(&what, &labels(&budget["spec"]["selector"]["matchLabels"]));
+        let replicas = target["spec"]["replicas"].as_i64().unwrap_or(1);
+        let unavailable = budget["spec"]["maxUnavailable"].as_i64().unwrap();
+        assert!(
+            replicas > unavailable,
+            "{source}: {what} lets all {replicas} pods go: it protects nothing"
         );
     }
 }

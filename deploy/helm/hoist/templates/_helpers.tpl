@@ -122,6 +122,16 @@ every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param
 {{/* hoist.toml (the scaler's), as a dict encoded in JSON. */}}
 {{- define "hoist.scalerConfig" -}}
 {{- $config := deepCopy (.Values.config | default dict) -}}
+{{- /* A profile under `auth` replaces config's profile of that name whole. */ -}}
+{{- if $config.auth -}}
+{{- range $profile, $_ := .Values.auth -}}
+{{- $_ := unset $config.auth $profile -}}
+{{- end -}}
+{{- end -}}
+{{- $mode := include "hoist.interceptorMode" . -}}
+{{- if and (eq $mode "inProcess") (not (hasKey $config "shutdown_grace")) -}}
+{{- $_ := set $config "shutdown_grace" .Values.interceptor.shutdownGrace -}}
+{{- end -}}
 {{- $grpc := dict "listen" (printf "0.0.0.0:%v" .Values.ports.grpc) -}}
 {{- $admin := dict "listen" (printf "0.0.0.0:%v" .Values.ports.admin) -}}
 {{- range $listener, $target := dict "grpc" $grpc "admin" $admin -}}
@@ -153,7 +163,6 @@ every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param
 {{- $_ := set $auth $profile $resolved -}}
 {{- end -}}
 {{- if $auth }}{{ $_ := set $generated "auth" $auth }}{{ end -}}
-{{- $mode := include "hoist.interceptorMode" . -}}
 {{- if eq $mode "inProcess" -}}
 {{- $_ := set $generated "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
 {{- else if eq $mode "split" -}}
@@ -166,6 +175,9 @@ every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param
 {{/* interceptor.toml (split mode), as a dict encoded in JSON. */}}
 {{- define "hoist.interceptorConfig" -}}
 {{- $config := deepCopy (.Values.interceptor.config | default dict) -}}
+{{- if not (hasKey $config "shutdown_grace") -}}
+{{- $_ := set $config "shutdown_grace" .Values.interceptor.shutdownGrace -}}
+{{- end -}}
 {{- $generated := dict
       "admin" (dict "listen" (printf "0.0.0.0:%v" .Values.ports.admin))
       "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
@@ -236,4 +248,29 @@ no plain keys gets no header of its own.
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- end }}
+
+{{/*
+Ports of one process's listeners must differ: two on one number crash-loop
+it on `Address already in use`. Call with (list context "where" ports...).
+*/}}
+{{- define "hoist.distinctPorts" -}}
+{{- $where := index . 1 -}}
+{{- $seen := dict -}}
+{{- range (slice . 2) -}}
+{{- $port := toString . -}}
+{{- if hasKey $seen $port -}}
+{{- fail (printf "%s: port %s is used twice (ports.grpc, ports.admin, interceptor.httpPort and each TCP route's listen port must differ)" $where $port) -}}
+{{- end -}}
+{{- $_ := set $seen $port true -}}
+{{- end -}}
+{{- end }}
+
+{{/* The ports the proxies listen on: HTTP, then each TCP route's. */}}
+{{- define "hoist.proxyPorts" -}}
+{{- $ports := list .Values.interceptor.httpPort -}}
+{{- range .Values.interceptor.tcpRoutes -}}
+{{- $ports = append $ports (include "hoist.listenPort" .listen) -}}
+{{- end -}}
+{{- toJson $ports -}}
 {{- end }}

@@ -1,0 +1,813 @@
+//! The shipped manifests against schemas nobody here wrote, and the image
+//! and monitoring files against real tools:
+//! - every manifest, chart render and the KEDA sidecar patch's result
+//!   with `kubernetes-validate --strict` (PyPI) at the oldest and newest
+//!   Kubernetes version it bundles;
+//! - every ScaledObject / ScaledJob / (Cluster)TriggerAuthentication
+//!   against KEDA's CRDs (tests/data/keda-crds), a field the structural
+//!   schema does not declare counted as an error (the API server drops it);
+//! - the PrometheusRule with `promtool check rules` (Debian's
+//!   `prometheus`), and every metric the rules and the Grafana dashboard
+//!   use present on a live hoist's /metrics;
+//! - scripts/image.sh's OCI image with `buildah` (Debian): its config, and
+//!   `hoist --version` and `hoist check-config` chrooted into its root.
+//!
+//! scripts/test.sh installs kubernetes-validate, buildah and promtool;
+//! without them these tests fail, they never skip.
+
+mod manifests;
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use manifests::*;
+use serde_json::Value;
+use yaml_rust2::Yaml;
+
+const OLDEST: &str = "1.25.0";
+const NEWEST: &str = "1.37.0";
+
+fn run(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .current_dir(root())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `{program}` ({e}): scripts/test.sh installs it (see its header)")
+        })
+}
+
+fn succeeded(what: &str, output: &Output) {
+    assert!(
+        output.status.success(),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn helm_render(values: &[&str]) -> Vec<Yaml> {
+    let helm = std::env::var("HELM_BIN").unwrap_or_else(|_| "helm".into());
+    let mut args = vec![
+        "template",
+        "hoist",
+        "deploy/helm/hoist",
+        "--namespace",
+        "keda",
+    ];
+    for file in values {
+        args.extend(["--values", file]);
+    }
+    let output = run(&helm, &args);
+    succeeded(&format!("helm {args:?}"), &output);
+    parse("helm template", &String::from_utf8(output.stdout).unwrap())
+}
+
+fn is_custom(doc: &Yaml) -> bool {
+    let api = doc["apiVersion"].as_str().unwrap_or_default();
+    api.starts_with("keda.sh/") || api.starts_with("monitoring.coreos.com/")
+}
+
+/// Strategic merge as kustomize applies it to a Deployment: maps merge,
+/// lists of named objects (containers, volumes, ports, mounts) merge by
+/// name, anything else is replaced.
+fn strategic_merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(base), Value::Object(patch)) => {
+            for (key, value) in patch {
+                match base.get_mut(key) {
+                    Some(existing) => strategic_merge(existing, value),
+                    None => {
+                        base.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        (Value::Array(base), Value::Array(patch))
+            if patch.iter().all(|item| item.get("name").is_some()) =>
+        {
+            for item in patch {
+                match base.iter_mut().find(|b| b.get("name") == item.get("name")) {
+                    Some(existing) => strategic_merge(existing, item),
+                    None => base.push(item.clone()),
+                }
+            }
+        }
+        (base, patch) => *base = patch.clone(),
+    }
+}
+
+/// KEDA's keda-operator Deployment with hoist's sidecar patch applied.
+fn sidecar_result() -> Value {
+    let base = documents_of("tests/data/keda-operator.yaml");
+    let patch = documents_of("deploy/keda-sidecar/keda-operator-patch.yaml");
+    let mut merged = json(&base[0]);
+    strategic_merge(&mut merged, &json(&patch[0]));
+    merged
+}
+
+fn documents_of(file: &str) -> Vec<Yaml> {
+    let text = std::fs::read_to_string(root().join(file)).unwrap();
+    parse(file, &text)
+}
+
+/// Every object hoist ships, by where it comes from, as JSON.
+fn everything() -> Vec<(String, Value)> {
+    let mut all = Vec::new();
+    for dir in ["deploy/kubernetes", "deploy/examples", "deploy/monitoring"] {
+        for doc in documents(dir) {
+            all.push((format!("{dir}: {}", name(&doc)), json(&doc)));
+        }
+    }
+    for file in [
+        "deploy/keda-sidecar/hoist-config.yaml",
+        "deploy/keda-sidecar/rbac.yaml",
+    ] {
+        for doc in documents_of(file) {
+            all.push((format!("{file}: {}", name(&doc)), json(&doc)));
+        }
+    }
+    let mut renders = vec![("chart defaults".to_string(), helm_render(&[]))];
+    for entry in std::fs::read_dir(root().join("deploy/helm/hoist/ci")).unwrap() {
+        let file = format!(
+            "deploy/helm/hoist/ci/{}",
+            entry.unwrap().file_name().to_string_lossy()
+        );
+        renders.push((file.clone(), helm_render(&[&file])));
+    }
+    for (source, docs) in renders {
+        for doc in docs {
+            all.push((format!("{source}: {}", name(&doc)), json(&doc)));
+        }
+    }
+    all.push(("keda-operator + sidecar patch".into(), sidecar_result()));
+    // The KEDA chart values' container and volumes are the patch's.
+    let values = json(&documents_of("deploy/keda-sidecar/keda-values.yaml")[0]);
+    let patched = sidecar_result();
+    let pod = &patched["spec"]["template"]["spec"];
+    let sidecar: Vec<&Value> = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["name"] == "hoist")
+        .collect();
+    // One network namespace: no port of KEDA's container is hoist's, and
+    // hoist's listeners (gRPC on loopback, admin) are where the pod says;
+    // its state file is on the writable volume.
+    let mut numbers = BTreeSet::new();
+    for container in pod["containers"].as_array().unwrap() {
+        for port in container["ports"].as_array().into_iter().flatten() {
+            assert!(
+                numbers.insert(port["containerPort"].as_i64().unwrap()),
+                "sidecar: port {port} twice in KEDA's pod"
+            );
+        }
+    }
+    let sidecar_config = documents_of("deploy/keda-sidecar/hoist-config.yaml");
+    let settings = load_ok(
+        "keda-sidecar/hoist-config.yaml",
+        sidecar_config[0]["data"]["hoist.toml"].as_str().unwrap(),
+    );
+    assert!(
+        settings.grpc.listen.ip().is_loopback(),
+        "gRPC for KEDA only"
+    );
+    let admin = sidecar[0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "hoist-admin")
+        .unwrap();
+    assert_eq!(
+        admin["containerPort"].as_i64(),
+        Some(i64::from(settings.admin.listen.port()))
+    );
+    assert!(
+        pod["terminationGracePeriodSeconds"].as_i64().unwrap()
+            > settings.shutdown_grace.as_secs() as i64
+    );
+    let mounts: BTreeMap<&str, &str> = sidecar[0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["mountPath"].as_str().unwrap(),
+                m["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(mounts["/var/lib/hoist"], "hoist-state");
+    assert!(
+        settings
+            .state_file
+            .as_ref()
+            .is_some_and(|f| f.starts_with("/var/lib/hoist"))
+    );
+    assert_eq!(
+        values["operator"]["extraContainers"],
+        Value::Array(vec![sidecar[0].clone()]),
+        "keda-values.yaml's container is the patch's"
+    );
+    let patch_volumes =
+        json(&documents_of("deploy/keda-sidecar/keda-operator-patch.yaml")[0])["spec"]["template"]
+            ["spec"]["volumes"]
+            .clone();
+    assert_eq!(values["volumes"]["keda"]["extraVolumes"], patch_volumes);
+    for object in values["extraObjects"].as_array().unwrap() {
+        all.push((
+            format!("keda-values.yaml extraObjects: {}", object["kind"]),
+            object.clone(),
+        ));
+    }
+    all
+}
+
+#[test]
+fn every_manifest_passes_kubernetes_validate_strict_at_the_oldest_and_newest_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    let mut sources = BTreeMap::new();
+    for (i, (source, object)) in everything().into_iter().enumerate() {
+        if is_custom(&yaml_of(&object)) {
+            continue;
+        }
+        let file = dir.path().join(format!("{i:03}.json"));
+        std::fs::write(&file, serde_json::to_string_pretty(&object).unwrap()).unwrap();
+        sources.insert(file.display().to_string(), source);
+        files.push(file.display().to_string());
+    }
+    assert!(files.len() >= 30, "{} objects", files.len());
+    for version in [OLDEST, NEWEST] {
+        let mut args = vec!["--strict", "--quiet", "-k", version];
+        args.extend(files.iter().map(String::as_str));
+        let output = run("kubernetes-validate", &args);
+        let mut report = String::from_utf8_lossy(&output.stdout).to_string();
+        report += &String::from_utf8_lossy(&output.stderr);
+        for (file, source) in &sources {
+            report = report.replace(file.as_str(), source);
+        }
+        assert!(
+            output.status.success() && !report.contains("ERROR"),
+            "kubernetes {version}:\n{report}"
+        );
+    }
+    // A field no schema declares is refused: the check can fail.
+    let bad = dir.path().join("bad.json");
+    let mut deployment = sidecar_result();
+    deployment["spec"]["template"]["spec"]["containers"][1]["probes"] = Value::Bool(true);
+    std::fs::write(&bad, deployment.to_string()).unwrap();
+    let output = run(
+        "kubernetes-validate",
+        &["--strict", "--quiet", "-k", NEWEST, bad.to_str().unwrap()],
+    );
+    assert!(!output.status.success(), "an unknown field fails");
+}
+
+fn yaml_of(value: &Value) -> Yaml {
+    yaml_rust2::YamlLoader::load_from_str(&value.to_string())
+        .unwrap()
+        .remove(0)
+}
+
+/// Validates `value` against a CRD's structural schema: types, enums,
+/// required fields, and no field the schema does not declare.
+fn check_schema(path: &str, value: &Value, schema: &Value, errors: &mut Vec<String>) {
+    if schema["x-kubernetes-int-or-string"] == true {
+        if !(value.is_string() || value.is_i64() || value.is_u64()) {
+            errors.push(format!("{path}: not an int or string"));
+        }
+        return;
+    }
+    let ty = schema["type"].as_str().unwrap_or_default();
+    let type_ok = match ty {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "boolean" => value.is_boolean(),
+        _ => true,
+    };
+    if !type_ok {
+        errors.push(format!("{path}: `{value}` is not of type {ty}"));
+        return;
+    }
+    if let Some(allowed) = schema["enum"].as_array()
+        && !allowed.contains(value)
+    {
+        errors.push(format!("{path}: `{value}` is not one of {allowed:?}"));
+    }
+    if let Some(pattern) = schema["pattern"].as_str()
+        && let Some(text) = value.as_str()
+        && !regex::Regex::new(pattern).unwrap().is_match(text)
+    {
+        errors.push(format!("{path}: `{text}` does not match {pattern}"));
+    }
+    match value {
+        Value::Object(map) => {
+            for required in schema["required"].as_array().into_iter().flatten() {
+                if !map.contains_key(required.as_str().unwrap()) {
+                    errors.push(format!("{path}: `{required}` is required"));
+                }
+            }
+            let preserve = schema["x-kubernetes-preserve-unknown-fields"] == true;
+            for (key, item) in map {
+                let child = format!("{path}.{key}");
+                if let Some(declared) = schema["properties"].get(key) {
+                    check_schema(&child, item, declared, errors);
+                } else if let Some(additional) = schema.get("additionalProperties") {
+                    if additional.is_object() {
+                        check_schema(&child, item, additional, errors);
+                    }
+                } else if !(preserve || path.ends_with(".metadata")) {
+                    errors.push(format!(
+                        "{child}: not in the schema (the API server drops it)"
+                    ));
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                check_schema(&format!("{path}[{i}]"), item, &schema["items"], errors);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// kind → (group/version → schema) of every CRD in tests/data/keda-crds.
+fn keda_schemas(file: &str) -> BTreeMap<String, Value> {
+    let crd = json(&documents_of(&format!("tests/data/keda-crds/{file}"))[0]);
+    let group = crd["spec"]["group"].as_str().unwrap();
+    crd["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                format!("{group}/{}", v["name"].as_str().unwrap()),
+                v["schema"]["openAPIV3Schema"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn crd_errors(object: &Value, schema: &Value) -> Vec<String> {
+    let mut errors = Vec::new();
+    // metadata is the API server's, not the CRD's.
+    let mut object = object.clone();
+    object.as_object_mut().unwrap().remove("metadata");
+    check_schema("", &object, schema, &mut errors);
+    errors
+}
+
+#[test]
+fn every_keda_object_is_valid_against_kedas_crds_with_no_undeclared_field() {
+    let kinds = [
+        ("ScaledObject", "scaledobjects.yaml"),
+        ("ScaledJob", "scaledjobs.yaml"),
+        ("TriggerAuthentication", "triggerauthentications.yaml"),
+        (
+            "ClusterTriggerAuthentication",
+            "clustertriggerauthentications.yaml",
+        ),
+    ];
+    let schemas: BTreeMap<&str, BTreeMap<String, Value>> = kinds
+        .iter()
+        .map(|(kind_, file)| (*kind_, keda_schemas(file)))
+        .collect();
+    let older = keda_schemas("scaledobjects-v2.16.0.yaml");
+    let mut seen = BTreeSet::new();
+    for (source, object) in everything() {
+        let Some(kind_) = object["kind"].as_str() else {
+            continue;
+        };
+        let Some(by_version) = schemas.get(kind_) else {
+            assert!(
+                !object["apiVersion"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("keda.sh"),
+                "{source}: a KEDA kind with no CRD here"
+            );
+            continue;
+        };
+        let version = object["apiVersion"].as_str().unwrap();
+        let schema = by_version
+            .get(version)
+            .unwrap_or_else(|| panic!("{source}: KEDA serves no {version} {kind_}"));
+        let errors = crd_errors(&object, schema);
+        assert!(errors.is_empty(), "{source}: {errors:#?}");
+        if kind_ == "ScaledObject" {
+            let errors = crd_errors(&object, &older[version]);
+            assert!(errors.is_empty(), "{source} (KEDA 2.16): {errors:#?}");
+        }
+        seen.insert(kind_.to_string());
+    }
+    assert_eq!(
+        seen,
+        BTreeSet::from([
+            "ClusterTriggerAuthentication".to_string(),
+            "ScaledObject".to_string(),
+            "TriggerAuthentication".to_string()
+        ])
+    );
+    // The check finds what the API server would drop or refuse.
+    let mut object = json(&kind(&documents("deploy/examples"), "ScaledObject")[0].clone());
+    object["spec"]["triggers"][0]["authRef"] = Value::String("x".into());
+    object["spec"]["minReplicaCount"] = Value::String("0".into());
+    let errors = crd_errors(&object, &schemas["ScaledObject"]["keda.sh/v1alpha1"]);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("triggers[0].authRef: not in the schema"))
+            && errors.iter().any(|e| e.contains("minReplicaCount")),
+        "{errors:#?}"
+    );
+}
+
+/// `path` with every `/var/run/secrets/hoist/...` file a profile reads
+/// created under `dir` (what kubelet mounts from the Secret), and the
+/// state file there too.
+fn with_local_files(config: &str, dir: &Path) -> String {
+    let secrets = dir.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    let re = regex::Regex::new(r#""/var/run/secrets/hoist/([^"]+)""#).unwrap();
+    for capture in re.captures_iter(config) {
+        std::fs::write(secrets.join(&capture[1]), "secret").unwrap();
+    }
+    re.replace_all(config, format!("\"{}/$1\"", secrets.display()).as_str())
+        .replace(
+            "/var/lib/hoist/state.json",
+            &dir.join("state.json").display().to_string(),
+        )
+}
+
+/// The configs ScaledObjects meet: hoist.yaml's, the chart's defaults
+/// and the KEDA sidecar's.
+fn shipped_configs() -> Vec<(String, String)> {
+    let docs = documents("deploy/kubernetes");
+    let chart = helm_render(&[]);
+    let sidecar = documents_of("deploy/keda-sidecar/hoist-config.yaml");
+    vec![
+        (
+            "hoist.yaml".into(),
+            config_text(&docs, named(&docs, "Deployment", "hoist")).to_string(),
+        ),
+        (
+            "chart defaults".into(),
+            config_text(&chart, named(&chart, "Deployment", "hoist")).to_string(),
+        ),
+        (
+            "keda-sidecar".into(),
+            sidecar[0]["data"]["hoist.toml"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn every_example_is_accepted_by_hoist_serving_the_config_shipped_with_it() {
+    let docs = documents("deploy/kubernetes");
+    // The split setup's interceptor: interceptor.yaml's config, on loopback.
+    let interceptor_config = config_text(&docs, named(&docs, "Deployment", "hoist-interceptor"))
+        .replace("0.0.0.0:", "127.0.0.1:")
+        .replace(":8080\"", ":0\"")
+        .replace(":5432\"", ":0\"")
+        .replace(":9091\"", ":0\"");
+    let interceptor =
+        support::Hoist::start_interceptor(load_ok("interceptor.yaml", &interceptor_config)).await;
+    for (source, config) in shipped_configs() {
+        let dir = tempfile::tempdir().unwrap();
+        // With the split setup's lines, endpoints on loopback.
+        let split = format!(
+            "{config}\n[interceptor]\nendpoints = [\"{}\"]\n",
+            interceptor.admin
+        );
+        let settings = load_ok(&source, &with_local_files(&split, dir.path()));
+        let hoist = support::Hoist::start_with(settings).await;
+        let mut checked = 0;
+        for object in kind(&documents("deploy/examples"), "ScaledObject") {
+            for (i, trigger) in list(&object["spec"]["triggers"]).iter().enumerate() {
+                let mut metadata: Vec<(String, String)> = trigger["metadata"]
+                    .as_hash()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.as_str().unwrap().into(), v.as_str().unwrap().into()))
+                    .collect();
+                // KEDA resolves connectionFromEnv from the target's
+                // environment before hoist sees it.
+                for (key, value) in &mut metadata {
+                    if key == "connectionFromEnv" {
+                        *value = "Endpoint=sb://billing.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v".into();
+                    }
+                }
+                let pairs: Vec<(&str, &str)> = metadata
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                let mut reference = support::object(&format!("{}-{i}", name(object)), &pairs);
+                reference.namespace = object["metadata"]["namespace"].as_str().unwrap().into();
+                let response = hoist
+                    .client()
+                    .await
+                    .get_metric_spec(reference)
+                    .await
+                    .unwrap_or_else(|status| panic!("{source}: {}: {status:?}", name(object)));
+                assert_eq!(response.into_inner().metric_specs.len(), 1);
+                checked += 1;
+            }
+        }
+        assert!(checked >= 5, "{checked} triggers");
+    }
+}
+
+fn metric_names_on_live_metrics(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let (name, kind_) = (fields.next().unwrap(), fields.next().unwrap());
+        match kind_ {
+            "counter" => {
+                names.insert(format!("{name}_total"));
+            }
+            "histogram" => {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{suffix}"));
+                }
+            }
+            _ => {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+fn prometheus_rule() -> Value {
+    json(&documents("deploy/monitoring")[0])
+}
+
+fn queries() -> Vec<(String, String)> {
+    let mut all = Vec::new();
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("deploy/monitoring/grafana-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            all.push((
+                format!("dashboard panel {}", panel["title"]),
+                target["expr"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if variable["type"] == "query" {
+            all.push((
+                format!("dashboard variable {}", variable["name"]),
+                variable["query"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    for group in prometheus_rule()["spec"]["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            all.push((
+                format!("alert {}", rule["alert"]),
+                rule["expr"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    all
+}
+
+#[tokio::test]
+async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
+    // In-process interceptor routes, so its families are on the page too.
+    let text = "[interceptor]\nhttp_listen = \"127.0.0.1:0\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.example.com\"\nupstream = \"127.0.0.1:9\"\n";
+    let hoist = support::Hoist::start_with(load_ok("in-process", text)).await;
+    // A trigger whose source refuses connections: polls, failures and
+    // their durations get series (an empty family has no lines at all).
+    let refused = support::free_port().to_string();
+    let object = support::object(
+        "worker",
+        &[
+            ("scaler", "redis"),
+            ("address", &format!("127.0.0.1:{refused}")),
+            ("listName", "jobs"),
+            ("listLength", "5"),
+        ],
+    );
+    let _ = hoist.metric(&object).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let live = loop {
+        let (status, page) = hoist.get("/metrics").await;
+        assert_eq!(status, 200);
+        let live = metric_names_on_live_metrics(&page);
+        if live.contains("hoist_poll_errors_total")
+            && live.contains("hoist_poll_duration_seconds_count")
+        {
+            break live;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed poll on /metrics: {live:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let metric = regex::Regex::new(r"\bhoist_[a-z_]+\b").unwrap();
+    let mut used = BTreeSet::new();
+    for (source, query) in queries() {
+        let names: Vec<&str> = metric.find_iter(&query).map(|m| m.as_str()).collect();
+        assert!(!names.is_empty(), "{source}: uses no hoist metric");
+        for name in names {
+            assert!(
+                live.contains(name),
+                "{source}: `{name}` is not on /metrics ({live:?})"
+            );
+            used.insert(name.to_string());
+        }
+    }
+    assert!(used.len() >= 8, "{used:?}");
+}
+
+#[test]
+fn the_alert_rules_pass_promtool() {
+    let dir = tempfile::tempdir().unwrap();
+    let rule = prometheus_rule();
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["kind"], "PrometheusRule");
+    let file = dir.path().join("rules.json");
+    std::fs::write(&file, rule["spec"].to_string()).unwrap();
+    let output = run("promtool", &["check", "rules", file.to_str().unwrap()]);
+    succeeded("promtool check rules", &output);
+    let alerts: BTreeSet<&str> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["alert"].as_str().unwrap())
+        .collect();
+    assert_eq!(alerts.len(), 5);
+    // The Prometheus Operator's schema for the whole object.
+    let modules = std::env::var("HOIST_TEST_NODE_MODULES").unwrap_or_else(|_| {
+        root()
+            .join("target/test-tools/node_modules")
+            .display()
+            .to_string()
+    });
+    assert!(
+        Path::new(&modules)
+            .join("@kubernetes-models/prometheus-operator")
+            .is_dir(),
+        "no @kubernetes-models/prometheus-operator in {modules}: scripts/test.sh installs it"
+    );
+    let object = dir.path().join("rule.json");
+    std::fs::write(&object, rule.to_string()).unwrap();
+    let schema = |file: &Path| {
+        run(
+            "node",
+            &[
+                "scripts/prometheusrule-schema.mjs",
+                &modules,
+                file.to_str().unwrap(),
+            ],
+        )
+    };
+    succeeded("the PrometheusRule schema", &schema(&object));
+    let mut wrong = rule.clone();
+    wrong["spec"]["groups"][0]["rules"][0]["for"] = serde_json::json!(600);
+    std::fs::write(&object, wrong.to_string()).unwrap();
+    assert!(!schema(&object).status.success(), "`for` must be a string");
+    // promtool refuses a broken expression: the check can fail.
+    let mut broken = rule["spec"].clone();
+    broken["groups"][0]["rules"][0]["expr"] =
+        Value::String("rate(hoist_poll_errors_total[5m]".into());
+    std::fs::write(&file, broken.to_string()).unwrap();
+    let output = run("promtool", &["check", "rules", file.to_str().unwrap()]);
+    assert!(!output.status.success());
+}
+
+/// `buildah` with storage of its own under `dir`.
+fn buildah(dir: &Path, args: &[&str]) -> Output {
+    let root_dir = dir.join("root").display().to_string();
+    let run_dir = dir.join("run").display().to_string();
+    let mut all = vec![
+        "--root",
+        root_dir.as_str(),
+        "--runroot",
+        run_dir.as_str(),
+        "--storage-driver",
+        "vfs",
+    ];
+    all.extend(args);
+    let output = run("buildah", &all);
+    succeeded(&format!("buildah {args:?}"), &output);
+    output
+}
+
+#[test]
+fn the_image_built_here_runs_hoist_as_uid_65532() {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("hoist.oci.tar");
+    // The test binary Cargo built (debug): the release build is the same
+    // script's default, too slow for every test run.
+    let binary = env!("CARGO_BIN_EXE_hoist");
+    let output = run(
+        "scripts/image.sh",
+        &["--binary", binary, "--output", archive.to_str().unwrap()],
+    );
+    succeeded("scripts/image.sh", &output);
+
+    let storage = dir.path().join("storage");
+    let from = buildah(
+        &storage,
+        &[
+            "from",
+            "--quiet",
+            &format!("oci-archive:{}", archive.display()),
+        ],
+    );
+    let container = String::from_utf8(from.stdout).unwrap().trim().to_string();
+    let inspect: Value =
+        serde_json::from_slice(&buildah(&storage, &["inspect", &container]).stdout).unwrap();
+    let config = &inspect["OCIv1"]["config"];
+    assert_eq!(config["User"], "65532:65532");
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/hoist"])
+    );
+    assert_eq!(
+        config["Cmd"],
+        serde_json::json!(["serve", "--config", "/etc/hoist/hoist.toml"])
+    );
+    let ports: BTreeSet<&str> = config["ExposedPorts"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(ports, BTreeSet::from(["8080/tcp", "9090/tcp", "9091/tcp"]));
+    let labels = &config["Labels"];
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    let revision = labels["org.opencontainers.image.revision"]
+        .as_str()
+        .unwrap();
+    assert!(revision.len() >= 40, "a commit: {revision}");
+
+    let mount = buildah(&storage, &["mount", &container]);
+    let rootfs = PathBuf::from(String::from_utf8(mount.stdout).unwrap().trim());
+    let chrooted = |args: &[&str]| -> Output {
+        let mut all = vec!["--userspec=65532:65532", rootfs.to_str().unwrap()];
+        all.extend(args);
+        run("chroot", &all)
+    };
+    let version = chrooted(&["/usr/local/bin/hoist", "--version"]);
+    succeeded("hoist --version in the image", &version);
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("hoist {}", env!("CARGO_PKG_VERSION"))
+    );
+    // hoist.yaml's config, where the pod mounts it, with its Secret's files.
+    let docs = documents("deploy/kubernetes");
+    let config_text = config_text(&docs, named(&docs, "Deployment", "hoist"));
+    std::fs::create_dir_all(rootfs.join("etc/hoist")).unwrap();
+    std::fs::write(rootfs.join("etc/hoist/hoist.toml"), config_text).unwrap();
+    let secrets = rootfs.join("var/run/secrets/hoist");
+    std::fs::create_dir_all(&secrets).unwrap();
+    for file in regex::Regex::new(r#"/var/run/secrets/hoist/([^"]+)"#)
+        .unwrap()
+        .captures_iter(config_text)
+    {
+        std::fs::write(secrets.join(&file[1]), "secret").unwrap();
+    }
+    let check = chrooted(&[
+        "/usr/local/bin/hoist",
+        "check-config",
+        "--config",
+        "/etc/hoist/hoist.toml",
+    ]);
+    succeeded("hoist check-config in the image", &check);
+    assert!(String::from_utf8_lossy(&check.stderr).contains("configuration is valid"));
+    // Its CA bundle and the user the pods run as are there.
+    assert!(rootfs.join("etc/ssl/certs/ca-certificates.crt").is_file());
+    let passwd = std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap();
+    assert!(
+        passwd
+            .lines()
+            .any(|l| l.starts_with("hoist:x:65532:65532:"))
+    );
+    buildah(&storage, &["umount", &container]);
+    buildah(&storage, &["rm", &container]);
+    buildah(&storage, &["rmi", "--all", "--force"]);
+}
