@@ -411,10 +411,11 @@ pub fn check_consistency(source: &str, docs: &[Yaml]) {
         // covers the longest cold start a held request waits for.
         let settings = deployment_settings(docs, deployment);
         let grace = pod["terminationGracePeriodSeconds"].as_i64().unwrap();
+        // The drain delay comes first: kubelet waits for both.
+        let needed = settings.grace() + settings.shutdown.drain_delay;
         assert!(
-            grace > settings.shutdown_grace.as_secs() as i64,
-            "{what}: terminationGracePeriodSeconds {grace} <= shutdown_grace {:?}",
-            settings.shutdown_grace
+            grace > needed.as_secs() as i64,
+            "{what}: terminationGracePeriodSeconds {grace} <= drain_delay + shutdown grace {needed:?}"
         );
         let interceptor = &settings.interceptor;
         let runs_proxies =
@@ -432,9 +433,9 @@ pub fn check_consistency(source: &str, docs: &[Yaml]) {
                 )
                 .fold(interceptor.cold_start_timeout, std::cmp::max);
             assert!(
-                settings.shutdown_grace > longest,
-                "{what}: shutdown_grace {:?} cuts requests held up to {longest:?}",
-                settings.shutdown_grace
+                settings.grace() > longest,
+                "{what}: shutdown grace {:?} cuts requests held up to {longest:?}",
+                settings.grace()
             );
         }
         // A claim is ReadWriteOnce: the old pod must let go first.

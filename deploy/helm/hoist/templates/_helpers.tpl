@@ -146,7 +146,7 @@ every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param
 {{- $_ := set $target "tls" $files -}}
 {{- end -}}
 {{- end -}}
-{{- $generated := dict "grpc" $grpc "admin" $admin -}}
+{{- $generated := dict "grpc" $grpc "admin" $admin "shutdown" (dict "drain_delay" .Values.drainDelay) -}}
 {{- if .Values.state.enabled -}}
 {{- $_ := set $generated "state_file" (printf "%s/state.json" .Values.state.mountPath) -}}
 {{- end -}}
@@ -179,6 +179,7 @@ every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param
 {{- $_ := set $config "shutdown_grace" .Values.interceptor.shutdownGrace -}}
 {{- end -}}
 {{- $generated := dict
+      "shutdown" (dict "drain_delay" .Values.drainDelay)
       "admin" (dict "listen" (printf "0.0.0.0:%v" .Values.ports.admin))
       "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
 {{- toJson (mustMergeOverwrite $config $generated) -}}
