@@ -242,10 +242,9 @@ impl Tracked {
                 return latest.clone();
             }
         }
-        const FIRST_READING_WAIT: Duration = Duration::from_secs(1);
         let mut readings = self.readings.clone();
         let first = readings.wait_for(|reading| *reading != Reading::Pending);
-        let outcome = tokio::time::timeout(self.config.timeout.min(FIRST_READING_WAIT), first)
+        let outcome = tokio::time::timeout(self.first_wait(), first)
             .await
             .map(|waited| waited.map(|reading| reading.clone()));
         let polled = readings.has_changed().is_ok();
@@ -286,6 +285,14 @@ impl Tracked {
     /// its ScaledObject's, else the default.
     pub fn interval(&self) -> Duration {
         Duration::from_millis(self.interval_ms.load(Ordering::Relaxed))
+    }
+
+    /// How long a call waits for a new trigger's first measurement: a
+    /// second at most (KEDA's metrics adapter gives the HPA's call 3 s and
+    /// retries once), or the trigger's timeout when shorter.
+    pub fn first_wait(&self) -> Duration {
+        const FIRST_READING_WAIT: Duration = Duration::from_secs(1);
+        self.config.timeout.min(FIRST_READING_WAIT)
     }
 
     /// A receiver that wakes on every new reading.

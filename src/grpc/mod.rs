@@ -80,7 +80,7 @@ impl ScalerService {
             RpcError::from_reading(
                 &reading,
                 &tracked.config.trigger.query.description,
-                tracked.config.timeout,
+                tracked.first_wait(),
             )
         })
     }

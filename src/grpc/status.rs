@@ -21,7 +21,7 @@ pub enum RpcError {
         last: String,
     },
     #[error(
-        "{source_description}: no reading yet: the first measurement did not finish within {timeout:?}"
+        "{source_description}: no reading yet: the first measurement is still running after {timeout:?} (it goes on; ask again)"
     )]
     NoReadingYet {
         source_description: String,
