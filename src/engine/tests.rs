@@ -710,6 +710,57 @@ fn snapping_to_min_or_max_records_a_scale_event_as_every_hpa_rescale_does() {
     assert!(state.scale_down_events.is_empty());
 }
 
+#[test]
+fn a_behavior_without_scale_up_steps_up_by_the_hpa_default_not_acas() {
+    let rules = Rules {
+        max_replica_count: 40,
+        behavior: Some(Behavior {
+            scale_up: None,
+            scale_down: Some(BehaviorRules {
+                stabilization_window_seconds: Some(60),
+                ..Default::default()
+            }),
+        }),
+        ..Rules::default()
+    };
+    let mut state = State {
+        current_replicas: 1,
+        active: true,
+        ..Default::default()
+    };
+    // 4 pods or 100 % per 15 s, whichever is more (ACA's rule: 1 → 4 → 8).
+    let counts: Vec<u32> = (0..4)
+        .map(|step| {
+            let now = s(15 * step);
+            decide(&mut state, &rules, &[reading("q", 500.0, 5.0, now)], now).replicas
+        })
+        .collect();
+    assert_eq!(counts, [5, 10, 20, 40]);
+}
+
+#[test]
+fn above_zero_the_cooldown_does_not_hold_a_scale_down() {
+    let rules = Rules {
+        min_replica_count: 2,
+        scale_down_stabilization_window_seconds: 0,
+        cooldown_period: 300,
+        ..Rules::default()
+    };
+    let mut state = State {
+        current_replicas: 6,
+        active: true,
+        last_active: Some(s(0)),
+        recommendations: Some(vec![]),
+        ..Default::default()
+    };
+    let decision = decide(&mut state, &rules, &[reading("q", 0.0, 5.0, s(30))], s(30));
+    assert_eq!(
+        (decision.replicas, decision.reason),
+        (2, Reason::TooFewReplicas),
+        "KEDA's cooldown applies only on the way to zero"
+    );
+}
+
 fn arbitrary_rules() -> impl Strategy<Value = Rules> {
     (
         0u32..4,
