@@ -7,17 +7,19 @@
 //! One evaluation, [`decide`], follows KEDA and the HPA:
 //! 1. each trigger's reading becomes "active?" (value > activation target)
 //!    and a proposal (the HPA's AverageValue rule: `ceil(value / target)`
-//!    unless within tolerance); the largest proposal wins;
+//!    on the milli-values KEDA hands over, unless within tolerance); the
+//!    largest proposal wins;
 //! 2. at zero replicas, activity scales to `max(1, minReplicaCount)` (what
-//!    KEDA does); without activity for `cooldownPeriod` the engine goes to
-//!    `minReplicaCount`;
+//!    KEDA does); with `minReplicaCount` 0, once `cooldownPeriod` has
+//!    passed since the last activity, the engine goes to zero;
 //! 3. otherwise the HPA's normalization: stabilization windows, then ACA's
 //!    step-up `min(max, desired, max(4, 2 × current))` or, with a
 //!    `behavior`, its rate policies; min and max bound everything.
 //!
 //! Faults: a trigger in error never lowers replicas or deactivates; valid
-//! triggers may still scale up; after `failureThreshold` consecutive
-//! failures the `fallback` replica count applies.
+//! triggers may still scale up; after more than `failureThreshold`
+//! consecutive failures (one per polling interval) the `fallback` replica
+//! count applies. A value that is not a number is a failure, never a zero.
 
 pub mod hpa;
 pub mod rules;
