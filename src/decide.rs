@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{self, Decision, Millis, Reading, Rules, State};
+use crate::engine::{self, Decision, Millis, Reading, Rules, State, hpa};
 use crate::metadata::MetadataError;
 
 /// Everything one evaluation needs.
@@ -43,9 +43,37 @@ pub fn decide(input: &str) -> Result<DecideOutput, DecideError> {
             reason: error.inner().to_string(),
         })?;
     input.rules.validate()?;
+    for (index, reading) in input.readings.iter().enumerate() {
+        check_reading(reading).map_err(|(field, reason)| DecideError::Input {
+            path: format!("readings[{index}].{field}"),
+            reason: reason.into(),
+        })?;
+    }
     let decision = engine::decide(&mut input.state, &input.rules, &input.readings, input.now);
     Ok(DecideOutput {
         decision,
         state: input.state,
     })
+}
+
+/// The numbers a reading must hold for the HPA's arithmetic; the field and
+/// the reason otherwise. (The engine itself takes any reading: a value it
+/// cannot use is a failed reading, never a zero.)
+fn check_reading(reading: &Reading) -> Result<(), (&'static str, &'static str)> {
+    if hpa::milli(reading.target).is_none_or(|target| target <= 0) {
+        return Err(("target", "must be a number of at least 0.001"));
+    }
+    if !reading.activation_target.is_finite() {
+        return Err(("activationTarget", "must be a finite number"));
+    }
+    let numbers = [
+        ("value", reading.value.value()),
+        ("activity", reading.activity),
+    ];
+    for (field, number) in numbers {
+        if number.is_some_and(|n| !n.is_finite() || n < 0.0) {
+            return Err((field, "must be a finite number of at least 0"));
+        }
+    }
+    Ok(())
 }

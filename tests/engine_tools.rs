@@ -52,7 +52,8 @@ fn simulate_replays_acas_worked_example() {
     assert!(ok, "{stderr}");
 
     // ACA's documented behaviour: 1, 4, 8, 10 replicas while the queue
-    // holds 50 messages, zero 300 s after the last active reading.
+    // holds 50 messages, zero once 300 s have passed since the last active
+    // reading: strictly passed, as KEDA checks, so at the poll after.
     let replicas: Vec<(u64, u32)> = timeline
         .lines()
         .skip(1)
@@ -65,7 +66,8 @@ fn simulate_replays_acas_worked_example() {
     assert_eq!([at(0), at(30), at(60), at(90)], [1, 4, 8, 10]);
     let last_active = 150;
     assert_eq!(at(last_active + 270), 10, "still in the cooldown");
-    assert_eq!(at(last_active + 300), 0, "zero once the cooldown ends");
+    assert_eq!(at(last_active + 300), 10, "the cooldown is not yet past");
+    assert_eq!(at(last_active + 330), 0, "zero once the cooldown is past");
 
     // And the whole timeline is the one reviewed into tests/data.
     assert_eq!(timeline, include_str!("data/aca-servicebus.timeline.txt"));
@@ -191,4 +193,66 @@ fn decide_evaluates_a_saved_state_and_its_output_replays() {
         1,
         "said once: {stderr}"
     );
+}
+
+#[test]
+fn decide_divides_milli_values_and_refuses_numbers_the_hpa_cannot_use() {
+    let t0: u64 = 1_700_000_000_000;
+    let input = |reading: Value| {
+        json!({
+            "rules": {"maxReplicaCount": 20},
+            "state": {"currentReplicas": 5, "active": true},
+            "readings": [reading],
+            "now": t0,
+        })
+        .to_string()
+    };
+
+    // KEDA writes 2.7 and 0.3 as 2700m and 300m: 9 replicas, where the
+    // f64 quotient (9.000000000000002) would round up to 10.
+    let (ok, out, stderr) = hoist(
+        &["decide", "--input", "-"],
+        Some(&input(
+            json!({"trigger": "q", "target": 0.3, "value": 2.7, "at": t0}),
+        )),
+    );
+    assert!(ok, "{stderr}");
+    let out: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["decision"]["rawDesired"], 9);
+    assert_eq!(out["decision"]["replicas"], 9);
+
+    for (reading, path, reason) in [
+        (
+            json!({"trigger": "q", "target": 0, "value": 1, "at": t0}),
+            "readings[0].target",
+            "at least 0.001",
+        ),
+        (
+            json!({"trigger": "q", "target": -5, "value": 1, "at": t0}),
+            "readings[0].target",
+            "at least 0.001",
+        ),
+        (
+            json!({"trigger": "q", "target": 0.0004, "value": 1, "at": t0}),
+            "readings[0].target",
+            "at least 0.001",
+        ),
+        (
+            json!({"trigger": "q", "target": 5, "value": -1, "at": t0}),
+            "readings[0].value",
+            "at least 0",
+        ),
+        (
+            json!({"trigger": "q", "target": 5, "value": 1, "activity": -1, "at": t0}),
+            "readings[0].activity",
+            "at least 0",
+        ),
+    ] {
+        let (ok, out, stderr) = hoist(&["decide", "--input", "-"], Some(&input(reading)));
+        assert!(!ok, "{path}: accepted: {out}");
+        assert!(
+            stderr.contains(&format!("`{path}`")) && stderr.contains(reason),
+            "{path}: {stderr}"
+        );
+    }
 }

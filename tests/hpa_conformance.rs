@@ -411,6 +411,17 @@ fn reconcile_end_to_end() {
             "{}",
             v["id"]
         );
+        // `storeScaleEvent` follows every rescale, and keeps events only
+        // for an HPA with a behavior.
+        let changes = |events: &[ScaleEvent]| events.iter().map(|e| e.change).collect::<Vec<_>>();
+        let step = replicas - current;
+        let (ups, downs) = match (behavior.is_null(), step) {
+            (false, step) if step > 0 => (vec![step], vec![]),
+            (false, step) if step < 0 => (vec![], vec![-step]),
+            _ => (vec![], vec![]),
+        };
+        assert_eq!(changes(&state.scale_up_events), ups, "{}", v["id"]);
+        assert_eq!(changes(&state.scale_down_events), downs, "{}", v["id"]);
         for condition in e["conditions"].as_array().into_iter().flatten() {
             let reason = condition["reason"].as_str().unwrap();
             match (condition["type"].as_str().unwrap(), outcome) {
@@ -446,15 +457,16 @@ fn external_average_value_proposals() {
             continue; // see the module comment
         }
         let i = &v["inputs"];
-        let usage: f64 = i["metric_values_milli"]
+        // The controller sums the samples, capped at MaxInt64.
+        let usage = i["metric_values_milli"]
             .as_array()
             .unwrap()
             .iter()
-            .map(num)
-            .sum();
+            .map(int)
+            .fold(0i64, i64::saturating_add);
         let proposal = hpa::average_value_proposal(
             usage,
-            num(&i["target_average_value_milli"]),
+            int(&i["target_average_value_milli"]),
             int(&i["status_replicas"]) as i32,
             num(&i["tolerance"]["scale_down"]),
             num(&i["tolerance"]["scale_up"]),

@@ -348,21 +348,55 @@ pub fn store_scale_event(
     }
 }
 
+/// A value or target as the HPA reads it, in milli-units. KEDA hands both
+/// over as Kubernetes quantities with three decimals
+/// (`pkg/scalers/scaler.go`, `GenerateMetricInMili` and
+/// `GetMetricTargetMili` via `quantityFromFloat64`: `%.3f`, negative values
+/// as zero) and the HPA reads `Quantity.MilliValue()`. Formatting rounds the
+/// exact binary value the way Go's `%.3f` does, so 2.7 is 2700 and 0.3 is
+/// 300 (their f64 quotient is just above 9). Too large for an `int64`:
+/// `i64::MAX`. `None` for NaN and infinities, which are no reading at all.
+pub fn milli(value: f64) -> Option<i64> {
+    // Above this, value × 1000 leaves the int64 range.
+    const LARGEST: f64 = 9.2e15;
+    if !value.is_finite() {
+        return None;
+    }
+    if value <= 0.0 {
+        return Some(0);
+    }
+    if value >= LARGEST {
+        return Some(i64::MAX);
+    }
+    let text = format!("{value:.3}");
+    let (whole, fraction) = text.split_once('.').unwrap_or((&text, "0"));
+    let whole: i64 = whole.parse().ok()?;
+    let fraction: i64 = fraction.parse().ok()?;
+    Some(whole.saturating_mul(1000).saturating_add(fraction))
+}
+
+/// `ceil(usage / target)` as the controller computes it: float64 division
+/// of the integer milli-values, saturating into int32.
+pub fn ceil_ratio(usage_milli: i64, target_milli: i64) -> i32 {
+    // Rust's float-to-int cast saturates (NaN, from 0/0, is 0).
+    (usage_milli as f64 / target_milli as f64).ceil() as i32
+}
+
 /// The replica count one external metric with an `AverageValue` target
-/// asks for (`GetExternalPerPodMetricReplicas`): unchanged while the
-/// usage ratio is within tolerance, else `ceil(value / target)`.
+/// asks for (`replica_calculator.go`, `GetExternalPerPodMetricReplicas`):
+/// unchanged while the usage ratio is within tolerance, else
+/// `ceil(usage / target)`, both in milli-units.
 pub fn average_value_proposal(
-    value: f64,
-    target: f64,
+    usage_milli: i64,
+    target_milli: i64,
     current: i32,
     tolerance_down: f64,
     tolerance_up: f64,
 ) -> i32 {
-    let ratio = value / (target * current as f64);
+    let ratio = usage_milli as f64 / (target_milli as f64 * f64::from(current));
     if (1.0 - tolerance_down..=1.0 + tolerance_up).contains(&ratio) {
         current
     } else {
-        // Saturating, as the controller's MaxInt32 cap; NaN (0/0) is 0.
-        (value / target).ceil() as i32
+        ceil_ratio(usage_milli, target_milli)
     }
 }

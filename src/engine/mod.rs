@@ -7,21 +7,24 @@
 //! One evaluation, [`decide`], follows KEDA and the HPA:
 //! 1. each trigger's reading becomes "active?" (value > activation target)
 //!    and a proposal (the HPA's AverageValue rule: `ceil(value / target)`
-//!    unless within tolerance); the largest proposal wins;
+//!    on the milli-values KEDA hands over, unless within tolerance); the
+//!    largest proposal wins;
 //! 2. at zero replicas, activity scales to `max(1, minReplicaCount)` (what
-//!    KEDA does); without activity for `cooldownPeriod` the engine goes to
-//!    `minReplicaCount`;
+//!    KEDA does); with `minReplicaCount` 0, once `cooldownPeriod` has
+//!    passed since the last activity, the engine goes to zero;
 //! 3. otherwise the HPA's normalization: stabilization windows, then ACA's
 //!    step-up `min(max, desired, max(4, 2 × current))` or, with a
 //!    `behavior`, its rate policies; min and max bound everything.
 //!
 //! Faults: a trigger in error never lowers replicas or deactivates; valid
-//! triggers may still scale up; after `failureThreshold` consecutive
-//! failures the `fallback` replica count applies.
+//! triggers may still scale up; after more than `failureThreshold`
+//! consecutive failures (one per polling interval) the `fallback` replica
+//! count applies. A value that is not a number is a failure, never a zero.
 
 pub mod hpa;
 pub mod rules;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -108,6 +111,9 @@ pub struct TriggerState {
     pub last_error: Option<String>,
     pub last_reading_at: Option<Millis>,
     pub consecutive_failures: u32,
+    /// The reading that last added to `consecutive_failures`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_counted_failure_at: Option<Millis>,
 }
 
 /// What limited (or explains) a decision.
@@ -195,30 +201,44 @@ pub fn decide_observed(
     }
     let ratio_replicas = observed.map_or(state.current_replicas, |o| o.status_replicas);
     let cooldown = rules.cooldown_period.saturating_mul(1000);
-    let next_poll = now.saturating_add(rules.polling_interval.saturating_mul(1000));
+    let interval = rules.polling_interval.saturating_mul(1000);
+    let next_poll = now.saturating_add(interval);
 
-    let fallback_due = absorb(state, readings, rules.fallback.map(|f| f.failure_threshold));
+    let checked: Vec<Checked> = readings.iter().map(check).collect();
+    let fallback_due = absorb(
+        state,
+        &checked,
+        rules.fallback.map(|f| f.failure_threshold),
+        interval,
+    );
     // KEDA's fallback stands in for the failing trigger's metric only.
     let fallback = rules.fallback.filter(|_| !fallback_due.is_empty());
-    let errors: Vec<&Reading> = readings.iter().filter(|r| r.value.is_error()).collect();
-    let values: Vec<(&Reading, f64)> = readings
+    let errors: Vec<&Reading> = checked
         .iter()
-        .filter_map(|reading| reading.value.value().map(|value| (reading, value)))
+        .filter(|c| c.outcome.is_err())
+        .map(|c| c.reading)
         .collect();
-    let active_now = values
+    let values: Vec<(&Reading, Measured)> = checked
         .iter()
-        .any(|(reading, value)| reading.activity.unwrap_or(*value) > reading.activation_target);
+        .filter_map(|c| c.outcome.as_ref().ok().map(|m| (c.reading, *m)))
+        .collect();
+    let active_now = values.iter().any(|(reading, measured)| {
+        reading.activity.unwrap_or(measured.value) > reading.activation_target
+    });
     if active_now || (state.active && !errors.is_empty()) {
         state.last_active = Some(now);
     }
     let raw_desired = values
         .iter()
-        .map(|(reading, value)| (value / reading.target).ceil() as i64)
+        .map(|(_, measured)| hpa::ceil_ratio(measured.usage, measured.target))
         .max()
-        .map(|desired| desired.clamp(0, u32::MAX as i64) as u32);
+        .map(|desired| desired.max(0) as u32);
+    // KEDA scales to zero once `lastActiveTime + cooldownPeriod` is strictly
+    // before now (`pkg/scaling/executor/scale_scaledobjects.go`,
+    // `scaleToZeroOrIdle`): the cooldown is over one millisecond later.
     let cooldown_ends = state
         .last_active
-        .map(|at| at.saturating_add(cooldown))
+        .map(|at| at.saturating_add(cooldown).saturating_add(1))
         .filter(|end| *end > now);
     let active = active_now || cooldown_ends.is_some();
 
@@ -237,9 +257,10 @@ pub fn decide_observed(
         stabilization_ends: None,
     };
 
-    let decision = if let (0, Some(fallback)) = (current, fallback) {
+    let decision = if let (0, Some(fallback)) = (current, fallback.filter(|f| f.replicas > 0)) {
         // At zero, KEDA scales a ScaledObject whose metrics keep failing
-        // to its fallback count.
+        // to its fallback count, unless that count is zero
+        // (`scale_scaledobjects.go`, `RequestScale`: `Fallback.Replicas != 0`).
         let replicas = fallback.replicas.clamp(min.max(1), max);
         outcome(
             replicas,
@@ -293,13 +314,14 @@ pub fn decide_observed(
             Reason::TooFewReplicas | Reason::ScaleDownStabilized
                 if !active_now && cooldown_ends.is_some() && min == 0 =>
             {
-                (
-                    Reason::Cooldown,
-                    format!(
-                        "inactive: scaling to zero in {} s unless activity returns",
-                        cooldown_ends.unwrap_or(now).saturating_sub(now) / 1000
-                    ),
-                )
+                let left = cooldown_ends.unwrap_or(now).saturating_sub(now) / 1000;
+                let message = if left == 0 {
+                    "inactive: the cooldown ends now; scaling to zero unless activity returns"
+                        .to_string()
+                } else {
+                    format!("inactive: scaling to zero in {left} s unless activity returns")
+                };
+                (Reason::Cooldown, message)
             }
             _ => (reason, message),
         };
@@ -335,28 +357,81 @@ fn stabilization_ends(
         .recommendations
         .iter()
         .flatten()
-        .filter(|r| r.replicas as i64 == replicas as i64 && r.at + window > now)
-        .map(|r| r.at + window)
+        .map(|r| (r.replicas, r.at.saturating_add(window)))
+        .filter(|(held, end)| *held as i64 == replicas as i64 && *end > now)
+        .map(|(_, end)| end)
         .max()
+}
+
+/// A reading's value as the HPA uses it.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    value: f64,
+    /// The value and the target in milli-units ([`hpa::milli`]).
+    usage: i64,
+    target: i64,
+}
+
+/// A reading with its value checked: a number the HPA can use, or why not.
+struct Checked<'a> {
+    reading: &'a Reading,
+    outcome: Result<Measured, Cow<'a, str>>,
+}
+
+/// A NaN or infinite value is a failed reading, never a zero; so is a
+/// reading whose target is not a positive number of milli-units (the HPA
+/// would divide by it).
+fn check(reading: &Reading) -> Checked<'_> {
+    let target = hpa::milli(reading.target).filter(|target| *target > 0);
+    let outcome = match (&reading.value, target) {
+        (Observation::Error(error), _) => Err(Cow::Borrowed(error.as_str())),
+        (Observation::Value(_), None) => Err(Cow::Owned(format!(
+            "target {} is not a positive number (at least 0.001)",
+            reading.target
+        ))),
+        (Observation::Value(value), Some(target)) => match hpa::milli(*value) {
+            Some(usage) => Ok(Measured {
+                value: *value,
+                usage,
+                target,
+            }),
+            None => Err(Cow::Owned(format!("value {value} is not a number"))),
+        },
+    };
+    Checked { reading, outcome }
 }
 
 /// Records the readings; returns the triggers whose consecutive failures
 /// are past the fallback threshold (KEDA: more than `failureThreshold`).
-fn absorb(state: &mut State, readings: &[Reading], threshold: Option<u32>) -> BTreeSet<String> {
+/// One failure counts per polling interval: KEDA counts one per metrics
+/// query (`pkg/fallback/fallback.go`, `GetMetricsWithFallback`), while the
+/// poller retries a broken source sooner (and the same reading may be fed
+/// twice). A tenth of the interval is slack for the time a read takes.
+fn absorb(
+    state: &mut State,
+    checked: &[Checked],
+    threshold: Option<u32>,
+    interval: Millis,
+) -> BTreeSet<String> {
+    let spacing = interval - interval / 10;
     let mut due = BTreeSet::new();
-    for reading in readings {
+    for Checked { reading, outcome } in checked {
         let trigger = state.triggers.entry(reading.trigger.clone()).or_default();
-        let fresh = trigger.last_reading_at != Some(reading.at);
-        match &reading.value {
-            Observation::Value(value) => {
-                trigger.last_value = Some(*value);
+        match outcome {
+            Ok(measured) => {
+                trigger.last_value = Some(measured.value);
                 trigger.last_error = None;
                 trigger.consecutive_failures = 0;
+                trigger.last_counted_failure_at = None;
             }
-            Observation::Error(error) => {
-                trigger.last_error = Some(error.clone());
-                if fresh {
+            Err(error) => {
+                trigger.last_error = Some(error.to_string());
+                let counts = trigger
+                    .last_counted_failure_at
+                    .is_none_or(|last| reading.at >= last.saturating_add(spacing.max(1)));
+                if counts {
                     trigger.consecutive_failures = trigger.consecutive_failures.saturating_add(1);
+                    trigger.last_counted_failure_at = Some(reading.at);
                 }
             }
         }
@@ -392,7 +467,7 @@ fn scale_from(
     state: &mut State,
     rules: &Rules,
     (current, ratio_replicas): (u32, u32),
-    values: &[(&Reading, f64)],
+    values: &[(&Reading, Measured)],
     errors: &[&Reading],
     fallback_due: &BTreeSet<String>,
     now: Millis,
@@ -412,10 +487,10 @@ fn scale_from(
     };
     let mut proposals: Vec<Option<i32>> = values
         .iter()
-        .map(|(reading, value)| {
+        .map(|(_, measured)| {
             Some(hpa::average_value_proposal(
-                *value,
-                reading.target,
+                measured.usage,
+                measured.target,
                 ratio_replicas,
                 down.tolerance,
                 up.tolerance,
@@ -454,9 +529,9 @@ fn scale_from(
                 && values
                     .iter()
                     .zip(&proposals)
-                    .all(|((reading, value), proposal)| {
+                    .all(|((_, measured), proposal)| {
                         *proposal != Some(desired)
-                            || (value / reading.target).ceil() as i32 != current
+                            || hpa::ceil_ratio(measured.usage, measured.target) != current
                     });
             match limit {
                 Limit::DesiredWithinRange if stabilized != desired => match held {
@@ -572,17 +647,19 @@ pub fn hpa_reconcile(
     now: Millis,
 ) -> HpaOutcome {
     let current = args.current;
-    if current > args.max {
-        return HpaOutcome::Snapped {
-            replicas: args.max,
-            limit: Limit::TooManyReplicas,
-        };
-    }
-    if current < args.min {
-        return HpaOutcome::Snapped {
-            replicas: args.min,
-            limit: Limit::TooFewReplicas,
-        };
+    let snap = if current > args.max {
+        Some((args.max, Limit::TooManyReplicas))
+    } else if current < args.min {
+        Some((args.min, Limit::TooFewReplicas))
+    } else {
+        None
+    };
+    if let Some((replicas, limit)) = snap {
+        // A snap is a rescale like any other: the controller records its
+        // event (`horizontal.go`, `reconcileAutoscaler` calls
+        // `storeScaleEvent` after every successful rescale).
+        store_step(state, args, replicas, now);
+        return HpaOutcome::Snapped { replicas, limit };
     }
     let failed = proposals.iter().any(Option::is_none);
     let Some(desired) = proposals.iter().flatten().copied().max() else {
@@ -645,17 +722,29 @@ pub fn hpa_reconcile(
         },
         now,
     );
-    if replicas > current {
-        hpa::store_scale_event(&mut state.scale_up_events, up, replicas - current, now);
-    } else if replicas < current {
-        hpa::store_scale_event(&mut state.scale_down_events, down, current - replicas, now);
-    }
+    store_step(state, args, replicas, now);
     HpaOutcome::Scaled {
         desired,
         stabilized,
         replicas,
         limit,
         held,
+    }
+}
+
+/// `storeScaleEvent`: with a `behavior`, a step from the current count to
+/// `replicas` joins its direction's log; without one nothing is kept.
+fn store_step(state: &mut State, args: &HpaArgs, replicas: i32, now: Millis) {
+    if !args.behavior {
+        return;
+    }
+    let current = args.current;
+    if replicas > current {
+        let change = replicas.saturating_sub(current);
+        hpa::store_scale_event(&mut state.scale_up_events, args.scale_up, change, now);
+    } else if replicas < current {
+        let change = current.saturating_sub(replicas);
+        hpa::store_scale_event(&mut state.scale_down_events, args.scale_down, change, now);
     }
 }
 

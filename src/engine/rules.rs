@@ -20,8 +20,8 @@ pub struct Rules {
     pub max_replica_count: u32,
     /// Seconds between evaluations.
     pub polling_interval: u64,
-    /// Seconds after the last active reading before scaling to
-    /// `minReplicaCount`.
+    /// Seconds after the last active reading before scaling to zero (with
+    /// `minReplicaCount` 0 only, as KEDA).
     pub cooldown_period: u64,
     pub scale_up_stabilization_window_seconds: u32,
     pub scale_down_stabilization_window_seconds: u32,

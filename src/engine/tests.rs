@@ -2,7 +2,8 @@
 
 use proptest::prelude::*;
 
-use super::hpa::{Policy, PolicyType, SelectPolicy};
+use super::hpa::{Policy, PolicyType, Recommendation, ScaleEvent, SelectPolicy};
+use super::rules::MAX_COOLDOWN_PERIOD as MAX_COOLDOWN;
 use super::*;
 
 const T0: Millis = 1_700_000_000_000;
@@ -57,7 +58,7 @@ fn run(
 }
 
 #[test]
-fn aca_worked_example_steps_up_one_four_eight_ten_and_scales_to_zero_after_the_cooldown() {
+fn aca_worked_example_steps_up_one_four_eight_ten_and_scales_to_zero_once_the_cooldown_is_past() {
     let rules = Rules {
         max_replica_count: 20,
         ..Rules::default()
@@ -70,10 +71,11 @@ fn aca_worked_example_steps_up_one_four_eight_ten_and_scales_to_zero_after_the_c
     assert_eq!(up[1].2, Reason::ScaleUpLimit);
     assert_eq!(up[3].2, Reason::DesiredWithinRange);
 
-    // Empty from t=150: held for the 300 s cooldown, then zero.
+    // Empty from t=150: held for the 300 s cooldown from the last active
+    // reading (120 s); at 420 s it has not yet passed, so zero at 450 s.
     let down = run(&mut state, &rules, |_| 0.0, 150, 480);
     for (t, replicas, reason) in &down {
-        if *t < 420 {
+        if *t <= 420 {
             assert_eq!(*replicas, 10, "t={t}");
             assert_eq!(*reason, Reason::Cooldown, "t={t}");
         } else {
@@ -122,7 +124,11 @@ fn activity_during_the_cooldown_restarts_it() {
     let quiet = decide(&mut state, &rules, &[reading("q", 0.0, 5.0, s(60))], s(60));
     assert!(quiet.active);
     assert_eq!(quiet.reason, Reason::Cooldown);
-    assert_eq!(quiet.cooldown_ends, Some(s(100)));
+    assert_eq!(
+        quiet.cooldown_ends,
+        Some(s(100) + 1),
+        "over once lastActive + cooldownPeriod is strictly past"
+    );
     assert_eq!(
         quiet.next_evaluation,
         s(90),
@@ -136,12 +142,25 @@ fn activity_during_the_cooldown_restarts_it() {
         s(150),
     );
     assert_eq!(later.replicas, 1, "cooldown restarted at 90 s");
-    assert_eq!(later.cooldown_ends, Some(s(190)));
-    let end = decide(
+    assert_eq!(later.cooldown_ends, Some(s(190) + 1));
+    // KEDA: `lastActiveTime.Add(cooldown).Before(now)`, so exactly at
+    // 90 s + 100 s the cooldown still runs.
+    let boundary = decide(
         &mut state,
         &rules,
         &[reading("q", 0.0, 5.0, s(190))],
         s(190),
+    );
+    assert_eq!(
+        (boundary.replicas, boundary.reason, boundary.active),
+        (1, Reason::Cooldown, true)
+    );
+    assert_eq!(boundary.next_evaluation, s(190) + 1);
+    let end = decide(
+        &mut state,
+        &rules,
+        &[reading("q", 0.0, 5.0, s(190))],
+        s(190) + 1,
     );
     assert_eq!(
         (end.replicas, end.reason, end.active),
@@ -459,6 +478,289 @@ fn state_round_trips_through_json() {
     assert_eq!(serde_json::from_str::<Rules>(&rules_json).unwrap(), rules);
 }
 
+#[test]
+fn values_and_targets_are_milli_quantities_as_keda_writes_them() {
+    // Three decimals, rounded from the exact binary value as Go's `%.3f`.
+    assert_eq!(hpa::milli(2.7), Some(2700));
+    assert_eq!(hpa::milli(0.3), Some(300));
+    assert_eq!(hpa::milli(4.35), Some(4350), "not truncated to 4349");
+    assert_eq!(hpa::milli(0.0005), Some(1));
+    assert_eq!(hpa::milli(0.0625), Some(62), "an exact tie rounds to even");
+    assert_eq!(hpa::milli(0.0004), Some(0));
+    assert_eq!(hpa::milli(-3.0), Some(0), "negative values count as zero");
+    assert_eq!(hpa::milli(1e300), Some(i64::MAX));
+    assert_eq!(hpa::milli(f64::NAN), None);
+    assert_eq!(hpa::milli(f64::NEG_INFINITY), None);
+
+    let rules = Rules {
+        max_replica_count: 20,
+        scale_down_stabilization_window_seconds: 0,
+        ..Rules::default()
+    };
+    let at = |replicas| State {
+        current_replicas: replicas,
+        active: true,
+        recommendations: Some(vec![]),
+        ..Default::default()
+    };
+    // 2.7 / 0.3 is 9.000000000000002 in f64; the HPA divides 2700 by 300.
+    let mut state = at(5);
+    let decision = decide(&mut state, &rules, &[reading("q", 2.7, 0.3, s(0))], s(0));
+    assert_eq!((decision.raw_desired, decision.replicas), (Some(9), 9));
+    // 2.31 / (0.7 × 3) is just above 1.1 in f64; 2310 / 2100 is 1.1,
+    // inside the tolerance.
+    let mut state = at(3);
+    let decision = decide(&mut state, &rules, &[reading("q", 2.31, 0.7, s(0))], s(0));
+    assert_eq!(
+        (decision.replicas, decision.reason),
+        (3, Reason::WithinTolerance)
+    );
+}
+
+#[test]
+fn a_value_that_is_no_number_is_a_failed_reading_and_a_bad_target_too() {
+    let rules = Rules {
+        max_replica_count: 20,
+        scale_down_stabilization_window_seconds: 0,
+        ..Rules::default()
+    };
+    for (value, target) in [
+        (f64::NAN, 5.0),
+        (f64::INFINITY, 5.0),
+        (f64::NEG_INFINITY, 5.0),
+        (3.0, 0.0),
+        (3.0, -5.0),
+        (3.0, f64::NAN),
+        (3.0, 0.0004),
+    ] {
+        let mut state = State {
+            current_replicas: 6,
+            active: true,
+            last_active: Some(s(0)),
+            ..Default::default()
+        };
+        let decision = decide(
+            &mut state,
+            &rules,
+            &[reading("q", value, target, s(600))],
+            s(600),
+        );
+        let case = format!("value {value}, target {target}");
+        assert_eq!(
+            (decision.replicas, decision.reason, decision.active),
+            (6, Reason::TriggerError, true),
+            "{case}"
+        );
+        assert_eq!(decision.raw_desired, None, "{case}");
+        let trigger = &state.triggers["q"];
+        assert_eq!(trigger.consecutive_failures, 1, "{case}");
+        assert!(trigger.last_error.is_some(), "{case}");
+        assert_eq!(trigger.last_value, None, "{case}: never a zero");
+    }
+}
+
+#[test]
+fn time_arithmetic_saturates_at_the_end_of_time() {
+    let rules = Rules {
+        cooldown_period: MAX_COOLDOWN,
+        ..Rules::default()
+    };
+    let end = Millis::MAX;
+    let mut state = State {
+        current_replicas: 5,
+        active: true,
+        last_active: Some(end - 1000),
+        recommendations: Some(vec![Recommendation {
+            replicas: 5,
+            at: end - 1000,
+        }]),
+        ..Default::default()
+    };
+    let now = end - 500;
+    let decision = decide(&mut state, &rules, &[reading("q", 0.0, 5.0, now)], now);
+    assert_eq!((decision.replicas, decision.reason), (5, Reason::Cooldown));
+    assert_eq!(decision.cooldown_ends, Some(Millis::MAX));
+    assert_eq!(decision.stabilization_ends, Some(Millis::MAX));
+    assert_eq!(decision.next_evaluation, Millis::MAX);
+}
+
+#[test]
+fn at_zero_a_broken_source_counts_one_failure_per_polling_interval() {
+    let rules = Rules {
+        polling_interval: 30,
+        fallback: Some(Fallback {
+            failure_threshold: 3,
+            replicas: 4,
+        }),
+        ..Rules::default()
+    };
+    let mut state = State::default();
+    // The poller retries after 1, 2, 4, 8 and 16 s, then every interval;
+    // each retry is a fresh reading, fed once on arrival and again at the
+    // next evaluation.
+    let mut decisions = Vec::new();
+    for t in [0, 1, 3, 7, 15, 31, 61, 91] {
+        for _ in 0..2 {
+            let decision = decide(&mut state, &rules, &[failure("q", 5.0, s(t))], s(t));
+            decisions.push((t, decision.replicas, decision.reason));
+        }
+    }
+    let counted: Vec<u64> = decisions
+        .iter()
+        .filter(|(_, replicas, _)| *replicas == 0)
+        .map(|(t, ..)| *t)
+        .collect();
+    assert_eq!(counted.last(), Some(&61), "{decisions:?}");
+    assert_eq!(
+        decisions.last(),
+        Some(&(91, 4, Reason::Fallback)),
+        "the fourth interval's failure is the one past the threshold"
+    );
+    assert_eq!(state.triggers["q"].consecutive_failures, 4);
+    assert_eq!(state.triggers["q"].last_counted_failure_at, Some(s(91)));
+}
+
+#[test]
+fn fallback_replicas_zero_starts_nothing_at_zero() {
+    let rules = Rules {
+        fallback: Some(Fallback {
+            failure_threshold: 1,
+            replicas: 0,
+        }),
+        ..Rules::default()
+    };
+    let mut state = State::default();
+    for t in (0..=300).step_by(30) {
+        let decision = decide(&mut state, &rules, &[failure("q", 5.0, s(t))], s(t));
+        assert_eq!(
+            (decision.replicas, decision.active, decision.reason),
+            (0, false, Reason::TriggerError),
+            "t={t}"
+        );
+    }
+    assert_eq!(state.triggers["q"].consecutive_failures, 11);
+}
+
+#[test]
+fn snapping_to_min_or_max_records_a_scale_event_as_every_hpa_rescale_does() {
+    let rules = Rules {
+        min_replica_count: 3,
+        max_replica_count: 6,
+        behavior: Some(Behavior {
+            scale_up: Some(BehaviorRules {
+                policies: Some(vec![Policy {
+                    kind: PolicyType::Pods,
+                    value: 2,
+                    period_seconds: 60,
+                }]),
+                ..Default::default()
+            }),
+            scale_down: None,
+        }),
+        ..Rules::default()
+    };
+    // Above max (the rules changed): snapped down, and the step is logged.
+    let mut state = State {
+        current_replicas: 10,
+        active: true,
+        ..Default::default()
+    };
+    let snapped = decide(&mut state, &rules, &[reading("q", 50.0, 5.0, s(0))], s(0));
+    assert_eq!(
+        (snapped.replicas, snapped.reason),
+        (6, Reason::TooManyReplicas)
+    );
+    let changes = |events: &[ScaleEvent]| events.iter().map(|e| e.change).collect::<Vec<_>>();
+    assert_eq!(changes(&state.scale_down_events), [4]);
+    assert!(state.scale_up_events.is_empty());
+
+    // Below min: raised, and the rise uses up the scale-up policy
+    // (2 pods per 60 s) for the rest of its period.
+    let mut state = State {
+        current_replicas: 1,
+        active: true,
+        ..Default::default()
+    };
+    let raised = decide(&mut state, &rules, &[reading("q", 30.0, 5.0, s(0))], s(0));
+    assert_eq!(
+        (raised.replicas, raised.reason),
+        (3, Reason::TooFewReplicas)
+    );
+    assert_eq!(changes(&state.scale_up_events), [2]);
+    let held = decide(&mut state, &rules, &[reading("q", 30.0, 5.0, s(30))], s(30));
+    assert_eq!((held.replicas, held.reason), (3, Reason::ScaleUpLimit));
+    let later = decide(&mut state, &rules, &[reading("q", 30.0, 5.0, s(60))], s(60));
+    assert_eq!(later.replicas, 5);
+
+    // Without a behavior the HPA keeps no events at all.
+    let mut state = State {
+        current_replicas: 10,
+        active: true,
+        ..Default::default()
+    };
+    decide(
+        &mut state,
+        &Rules {
+            behavior: None,
+            ..rules
+        },
+        &[reading("q", 50.0, 5.0, s(0))],
+        s(0),
+    );
+    assert!(state.scale_down_events.is_empty());
+}
+
+#[test]
+fn a_behavior_without_scale_up_steps_up_by_the_hpa_default_not_acas() {
+    let rules = Rules {
+        max_replica_count: 40,
+        behavior: Some(Behavior {
+            scale_up: None,
+            scale_down: Some(BehaviorRules {
+                stabilization_window_seconds: Some(60),
+                ..Default::default()
+            }),
+        }),
+        ..Rules::default()
+    };
+    let mut state = State {
+        current_replicas: 1,
+        active: true,
+        ..Default::default()
+    };
+    // 4 pods or 100 % per 15 s, whichever is more (ACA's rule: 1 → 4 → 8).
+    let counts: Vec<u32> = (0..4)
+        .map(|step| {
+            let now = s(15 * step);
+            decide(&mut state, &rules, &[reading("q", 500.0, 5.0, now)], now).replicas
+        })
+        .collect();
+    assert_eq!(counts, [5, 10, 20, 40]);
+}
+
+#[test]
+fn above_zero_the_cooldown_does_not_hold_a_scale_down() {
+    let rules = Rules {
+        min_replica_count: 2,
+        scale_down_stabilization_window_seconds: 0,
+        cooldown_period: 300,
+        ..Rules::default()
+    };
+    let mut state = State {
+        current_replicas: 6,
+        active: true,
+        last_active: Some(s(0)),
+        recommendations: Some(vec![]),
+        ..Default::default()
+    };
+    let decision = decide(&mut state, &rules, &[reading("q", 0.0, 5.0, s(30))], s(30));
+    assert_eq!(
+        (decision.replicas, decision.reason),
+        (2, Reason::TooFewReplicas),
+        "KEDA's cooldown applies only on the way to zero"
+    );
+}
+
 fn arbitrary_rules() -> impl Strategy<Value = Rules> {
     (
         0u32..4,
@@ -496,6 +798,21 @@ fn arbitrary_trace() -> impl Strategy<Value = Vec<(u64, Option<f64>, Option<f64>
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Values and targets written with at most three decimals reach the
+    /// HPA unchanged, and the engine's count is the integer ceiling of
+    /// their quotient, whatever f64 makes of the decimals.
+    #[test]
+    fn milli_values_divide_as_integers(usage in 0i64..1_000_000_000, target in 1i64..1_000_000) {
+        let (value, target_value) = (usage as f64 / 1000.0, target as f64 / 1000.0);
+        prop_assert_eq!(hpa::milli(value), Some(usage));
+        prop_assert_eq!(hpa::milli(target_value), Some(target));
+        let rules = Rules { max_replica_count: i32::MAX as u32, ..Rules::default() };
+        let mut state = State { current_replicas: 1, active: true, ..Default::default() };
+        let decision = decide(&mut state, &rules, &[reading("q", value, target_value, s(0))], s(0));
+        let exact = (usage + target - 1) / target;
+        prop_assert_eq!(decision.raw_desired, Some(exact as u32));
+    }
 
     #[test]
     fn invariants_hold_on_any_trace(rules in arbitrary_rules(), trace in arbitrary_trace()) {
@@ -564,7 +881,7 @@ proptest! {
             // Zero only after the cooldown.
             if after == 0 && before > 0 {
                 let quiet_since = state.last_active.unwrap_or(0);
-                prop_assert!(now >= quiet_since + rules.cooldown_period * 1000);
+                prop_assert!(now > quiet_since + rules.cooldown_period * 1000);
             }
         }
     }
