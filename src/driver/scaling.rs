@@ -363,12 +363,11 @@ impl Scaling {
             };
             let interval_over = last.is_none_or(|at| now >= at.saturating_add(wait));
             let wanted = pending || (periodic && last.is_some());
-            if (wanted && (interval_over || at_zero)) || cooldown_over {
-                if let Some(answer) = self.evaluate(&clock, interval).await {
-                    last = Some(now);
-                    // An unknown count is asked again next interval.
-                    pending = matches!(answer, Answer::CountUnknown(_));
-                }
+            let due = (wanted && (interval_over || at_zero)) || cooldown_over;
+            if due && let Some(answer) = self.evaluate(&clock, interval).await {
+                last = Some(now);
+                // An unknown count is asked again next interval.
+                pending = matches!(answer, Answer::CountUnknown(_));
             }
             // The next interval (when something waits for it), or an
             // earlier cooldown end: it must not wait a whole interval. An
