@@ -162,6 +162,22 @@ async fn a_restarted_hoist_keeps_the_count_that_runs() {
 }
 
 #[tokio::test]
+async fn a_restarted_hoist_does_not_send_an_idle_running_app_to_zero_at_once() {
+    // Idle, 3 running, nothing saved: the engine cannot know when activity
+    // ended, so its cooldown starts now instead of being over already.
+    let World {
+        redis: _redis,
+        api: _api,
+        hoist,
+        worker,
+    } = world(0, 20, 3, &[]).await;
+    replicas_become(&hoist, &worker, 3.0).await;
+    let status = status(&hoist).await;
+    assert_eq!(status.scaled_objects[0].reason, "Cooldown", "{status:?}");
+    assert!(status.scaled_objects[0].cooldown_left_seconds.unwrap() > 250.0);
+}
+
+#[tokio::test]
 async fn the_engine_steps_from_the_count_the_hpa_holds_and_posts_its_rescales() {
     let World {
         redis,

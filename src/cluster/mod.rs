@@ -91,7 +91,7 @@ pub struct Cluster {
     objects: Store<DynamicObject>,
     /// Why the ScaledObject watch is failing, while it is.
     watch_error: Arc<Mutex<Option<String>>>,
-    recorder: Recorder,
+    reporter: Reporter,
     /// Scale targets' resources by (group/version, kind), found by discovery.
     kinds: Mutex<HashMap<(String, String), ApiResource>>,
     server: String,
@@ -143,7 +143,7 @@ impl Cluster {
                 .or_else(|| std::env::var("HOSTNAME").ok()),
         };
         let cluster = Arc::new(Cluster {
-            recorder: Recorder::new(client.clone(), reporter),
+            reporter,
             client: client.clone(),
             settings: settings.clone(),
             objects,
@@ -317,9 +317,12 @@ impl Cluster {
                 action: event.action.into(),
                 secondary: None,
             };
+            // A recorder per Event: a shared one merges Events of the same
+            // reason into a series that keeps its first note ("New size").
+            let recorder = Recorder::new(cluster.client.clone(), cluster.reporter.clone());
             let posted = tokio::time::timeout(
                 cluster.settings.timeout,
-                cluster.recorder.publish(&event, &reference),
+                recorder.publish(&event, &reference),
             )
             .await;
             match posted {

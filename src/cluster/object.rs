@@ -260,6 +260,12 @@ impl ScaledObjectView {
                 ));
             }
         }
+        if let Some(fallback) = self.settings.fallback {
+            found.push(format!(
+                "KEDA applies spec.fallback itself when hoist answers an error (a replica count it cannot read): after {} errors in a row KEDA runs {} replicas, whatever the engine last decided; give the engine its fallback in trigger metadata and leave spec.fallback out",
+                fallback.failure_threshold, fallback.replicas
+            ));
+        }
         let keda_max = self.keda_max_replicas();
         if keda_max < rules.max_replica_count {
             found.push(format!(
@@ -381,17 +387,19 @@ mod tests {
             "scaleTargetRef": {"name": "worker"},
             "maxReplicaCount": 8,
             "cooldownPeriod": 0,
+            "fallback": {"failureThreshold": 3, "replicas": 2},
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
                 "scaleUp": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
                 "scaleDown": {"stabilizationWindowSeconds": 0, "selectPolicy": "Disabled"},
             }}},
         }));
         let warnings = tight.relimits(&rules);
-        assert_eq!(warnings.len(), 3, "{warnings:#?}");
+        assert_eq!(warnings.len(), 4, "{warnings:#?}");
         assert!(warnings[0].contains("behavior.scaleUp policies"));
         assert!(warnings[1].contains("behavior.scaleDown policies"));
+        assert!(warnings[2].contains("after 3 errors in a row KEDA runs 2 replicas"));
         assert!(
-            warnings[2].contains("spec.maxReplicaCount 8, below the engine's maxReplicaCount 20")
+            warnings[3].contains("spec.maxReplicaCount 8, below the engine's maxReplicaCount 20")
         );
     }
 }

@@ -166,6 +166,7 @@ pub struct Scaling {
     counting: Counting,
     policy: CountPolicy,
     reads: Mutex<CountReads>,
+    last_object: Mutex<Option<ScaledObjectView>>,
     insight: Mutex<Insight>,
     /// Warnings last posted as an Event, and when.
     warned: Mutex<(Vec<String>, Millis)>,
@@ -200,6 +201,7 @@ impl Scaling {
             counting: start.counting,
             policy: start.policy,
             reads: Mutex::new(CountReads::default()),
+            last_object: Mutex::new(None),
             insight: Mutex::new(Insight::default()),
             warned: Mutex::new((Vec::new(), 0)),
             changed: start.changed,
@@ -382,7 +384,13 @@ impl Scaling {
                 .filter(|_| pending || periodic)
                 .map(|at| at.saturating_add(retry));
             let cooldown_end = self.decision().and_then(|d| d.cooldown_ends);
-            deadline = next_interval.into_iter().chain(cooldown_end).min();
+            // Only deadlines still ahead: one already past (no reading to
+            // evaluate yet) waits for the next reading instead of spinning.
+            deadline = next_interval
+                .into_iter()
+                .chain(cooldown_end)
+                .filter(|at| *at > now)
+                .min();
         }
     }
 
@@ -397,12 +405,20 @@ impl Scaling {
             .0
     }
 
+    /// The ScaledObject as last read: while the watch cannot say (a
+    /// re-list, a 403), the last good view keeps its settings and target,
+    /// never hoist's defaults in their place.
     fn object(&self) -> Result<ScaledObjectView, String> {
-        match &self.counting {
-            Counting::Cluster(cluster) => cluster
-                .scaled_object(&self.namespace, &self.name)
-                .map_err(|e| e.to_string()),
-            Counting::OwnDecisions => Err("no cluster access".into()),
+        let Counting::Cluster(cluster) = &self.counting else {
+            return Err("no cluster access".into());
+        };
+        let mut last = lock(&self.last_object);
+        match cluster.scaled_object(&self.namespace, &self.name) {
+            Ok(view) => {
+                *last = Some(view.clone());
+                Ok(view)
+            }
+            Err(error) => last.clone().ok_or_else(|| error.to_string()),
         }
     }
 
@@ -469,6 +485,16 @@ impl Scaling {
         };
         let decision = {
             let mut state = lock(&self.state);
+            if let Some(observed) = observed
+                && observed.spec_replicas > 0
+                && state.last_active.is_none()
+                && state.recommendations.is_none()
+            {
+                // A fresh engine (hoist restarted without saved state) cannot
+                // know when activity ended: the cooldown runs from now, so a
+                // running app is not sent to zero on the first evaluation.
+                state.last_active = Some(now);
+            }
             engine::decide_observed(&mut state, &rules, &readings, now, observed)
         };
         self.post_warnings(&object, warnings, now);
@@ -530,9 +556,12 @@ impl Scaling {
             };
         };
         let now = clock.now();
+        // A little slack: the loop's own schedule starts a moment before
+        // this read's stamp, and a scheduled evaluation must read afresh.
+        let slack = (interval / 10).min(1000);
         let due = lock(&self.reads)
             .last_attempt
-            .is_none_or(|at| now >= at.saturating_add(interval));
+            .is_none_or(|at| now.saturating_add(slack) >= at.saturating_add(interval));
         if due || object.is_err() {
             let result = match object {
                 Ok(object) => {
@@ -570,7 +599,9 @@ impl Scaling {
             .is_some_and(|since| now >= since.saturating_add(interval));
         match (&reads.last, failing_long) {
             (Some((observed, _)), false) => Ok(Some(*observed)),
-            (None, false) if self.policy.restored => Ok(None),
+            // A saved count, but only with the ScaledObject's own settings
+            // known: hoist's defaults (max 10) could shrink the app.
+            (None, false) if self.policy.restored && object.is_ok() => Ok(None),
             _ if self.policy.assume_applied => Ok(None),
             _ => Err(format!(
                 "the replica count of ScaledObject {}/{} is unknown: {}",
