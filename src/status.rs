@@ -392,6 +392,15 @@ pub fn table(status: &Status) -> String {
             continue;
         };
         let name = format!("{}/{}", object.namespace, object.name);
+        let settings: Vec<String> = engine
+            .settings
+            .iter()
+            .filter(|(_, setting)| !setting.value.is_null())
+            .map(|(key, setting)| format!("{key}={} ({})", setting.value, setting.source))
+            .collect();
+        if !settings.is_empty() {
+            out.push_str(&format!("{name}: {}\n", settings.join(", ")));
+        }
         if object.reason == "CountUnknown" {
             out.push_str(&format!("{name}: {}\n", object.message));
         }
@@ -461,7 +470,31 @@ mod tests {
                     cooldown_left_seconds: Some(212.4),
                     stabilization_left_seconds: None,
                     triggers: vec![trigger("redis-jobs", Some(0.0), None)],
-                    engine: None,
+                    engine: Some(EngineStatus {
+                        target: Some("Deployment worker (apps/v1)".into()),
+                        count_source: Some("cluster".into()),
+                        spec_replicas: Some(10),
+                        status_replicas: Some(10),
+                        count_age_seconds: Some(4.0),
+                        count_error: None,
+                        settings: [
+                            ("cooldownPeriod", 300, "default"),
+                            ("maxReplicaCount", 20, "metadata"),
+                            ("minReplicaCount", 0, "scaledObject"),
+                        ]
+                        .into_iter()
+                        .map(|(key, value, source)| {
+                            (
+                                key.to_string(),
+                                Setting {
+                                    value: value.into(),
+                                    source: source.into(),
+                                },
+                            )
+                        })
+                        .collect(),
+                        warnings: vec!["KEDA caps the HPA at spec.maxReplicaCount 8".into()],
+                    }),
                 },
                 ObjectStatus {
                     namespace: "orders".into(),
@@ -485,6 +518,8 @@ mod tests {
 SCALEDOBJECT    MODE         ACTIVE  CURRENT  DESIRED  REASON        WAIT           TRIGGERS
 default/worker  engine       yes     10       10       Cooldown      cooldown 212s  redis-jobs=0 (3s ago)
 orders/mailer   passthrough  -       -        -        TriggerError  -              redis-mail=ERROR x4: cannot connect: refused
+default/worker: cooldownPeriod=300 (default), maxReplicaCount=20 (metadata), minReplicaCount=0 (scaledObject)
+default/worker: warning: KEDA caps the HPA at spec.maxReplicaCount 8
 ";
         assert_eq!(table, expected, "\n{table}");
     }
