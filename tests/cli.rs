@@ -321,7 +321,10 @@ async fn a_descriptor_limit_stops_the_interceptor_before_grpc_and_admin() {
     let silent: Vec<std::net::TcpStream> = (0..600)
         .filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", proxy)).ok())
         .collect();
-    assert_eq!(silent.len(), 600, "the kernel queues every connection");
+    // Under load a few connects may fail on the client side; what counts
+    // is that far more arrive than the interceptor may keep.
+    let arrived = silent.len() as u64;
+    assert!(arrived > 400, "only {arrived} connections arrived");
     let refused = || async {
         let (_, metrics) = http_get(admin_addr, "/metrics").await;
         metrics
@@ -331,7 +334,7 @@ async fn a_descriptor_limit_stops_the_interceptor_before_grpc_and_admin() {
             .unwrap_or(0)
     };
     let started = std::time::Instant::now();
-    while refused().await < 600 - 192 {
+    while refused().await < arrived - 192 {
         assert!(
             started.elapsed() < Duration::from_secs(8),
             "refused: {}",
