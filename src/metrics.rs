@@ -12,6 +12,12 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    route: String,
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RpcLabels {
     pub method: &'static str,
     pub code: String,
@@ -45,6 +51,13 @@ pub struct Metrics {
     pub pollers: Gauge,
     pub tracked_triggers: Gauge,
     pub open_streams: Gauge,
+    /// Engine evaluations by the reason of their answer.
+    pub engine_decisions: Family<ReasonLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -66,6 +79,7 @@ impl Metrics {
             pollers: Gauge::default(),
             tracked_triggers: Gauge::default(),
             open_streams: Gauge::default(),
+            engine_decisions: Family::default(),
         }
     }
 
@@ -99,6 +113,11 @@ impl Metrics {
             "hoist_tracked_triggers",
             "ScaledObject triggers hoist is tracking",
             self.tracked_triggers.clone(),
+        );
+        registry.register(
+            "hoist_engine_decisions",
+            "Engine evaluations by the reason of their answer (CountUnknown: answered Unavailable)",
+            self.engine_decisions.clone(),
         );
         registry.register(
             "hoist_open_streams",
@@ -239,6 +258,24 @@ impl prometheus_client::collector::Collector for RouteTraffic {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (labels, load) in &loads {
                 ConstGauge::new(value(load)).encode(family.encode_family(labels)?)?;
+            }
+        }
+        let mut answered = encoder.encode_descriptor(
+            "hoist_interceptor_refused",
+            "Answers the interceptor gave itself instead of the app's, by route and status: 502 (the app's connection failed), 503 (too many held, or shutting down), 504 (cold start or response timeout)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (name, route) in self.0.iter() {
+            if route.protocol != crate::interceptor::Protocol::Http {
+                continue;
+            }
+            for (code, count) in route.counters.refusals() {
+                let labels = RefusalLabels {
+                    route: name.clone(),
+                    code,
+                };
+                ConstCounter::new(count).encode(answered.encode_family(&labels)?)?;
             }
         }
         let mut open = encoder.encode_descriptor(

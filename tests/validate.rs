@@ -592,7 +592,7 @@ fn queries() -> Vec<(String, String)> {
 #[tokio::test]
 async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
     // In-process interceptor routes, so its families are on the page too.
-    let text = "[interceptor]\nhttp_listen = \"127.0.0.1:0\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.example.com\"\nupstream = \"127.0.0.1:9\"\n";
+    let text = "[engine]\nassume_applied = true\n[interceptor]\nhttp_listen = \"127.0.0.1:0\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.example.com\"\nupstream = \"127.0.0.1:9\"\n";
     let hoist = support::Hoist::start_with(load_ok("in-process", text)).await;
     // A trigger whose source refuses connections: polls, failures and
     // their durations get series (an empty family has no lines at all).
@@ -607,6 +607,14 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
         ],
     );
     let _ = hoist.metric(&object).await;
+    // An engine-mode trigger on the same failing source: its decisions
+    // (TriggerError) get a series too.
+    let mut engine = object.clone();
+    engine.name = "engine-worker".into();
+    engine
+        .scaler_metadata
+        .insert("scalingMode".into(), "engine".into());
+    let _ = hoist.metric(&engine).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let live = loop {
         let (status, page) = hoist.get("/metrics").await;
@@ -614,6 +622,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
         let live = metric_names_on_live_metrics(&page);
         if live.contains("hoist_poll_errors_total")
             && live.contains("hoist_poll_duration_seconds_count")
+            && live.contains("hoist_engine_decisions_total")
         {
             break live;
         }

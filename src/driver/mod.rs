@@ -655,6 +655,7 @@ impl Driver {
             clock: self.inner.clock,
             changed: self.inner.changed.clone(),
             cancel: self.inner.cancel.child_token(),
+            metrics: self.inner.metrics.clone(),
         });
         scalings.insert(object, scaling.clone());
         Ok(scaling)

@@ -172,6 +172,7 @@ pub struct Scaling {
     warned: Mutex<(Vec<String>, Millis)>,
     /// Signalled when a decision changes (state worth saving).
     changed: Arc<Notify>,
+    metrics: Arc<crate::metrics::Metrics>,
     wake: Arc<Notify>,
     cancel: CancellationToken,
 }
@@ -187,6 +188,7 @@ pub struct Start {
     pub clock: Clock,
     pub changed: Arc<Notify>,
     pub cancel: CancellationToken,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Scaling {
@@ -205,6 +207,7 @@ impl Scaling {
             insight: Mutex::new(Insight::default()),
             warned: Mutex::new((Vec::new(), 0)),
             changed: start.changed,
+            metrics: start.metrics,
             wake: Arc::new(Notify::new()),
             cancel: start.cancel,
         });
@@ -691,6 +694,14 @@ impl Scaling {
         if saved_differs {
             self.changed.notify_one();
         }
+        let reason = match &answer {
+            Answer::Decided(decision) => format!("{:?}", decision.reason),
+            Answer::CountUnknown(_) => "CountUnknown".to_string(),
+        };
+        self.metrics
+            .engine_decisions
+            .get_or_create(&crate::metrics::ReasonLabels { reason })
+            .inc();
         self.answers.send_replace(Some(answer.clone()));
         answer
     }

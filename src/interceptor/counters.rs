@@ -33,7 +33,12 @@ pub struct RouteCounters {
     /// an upstream at zero, so the scaler can poll (and push) at once
     /// instead of at its next tick.
     cold_starts: watch::Sender<u64>,
+    /// Answers the interceptor gave itself: 502, 503, 504.
+    refusals: [AtomicU64; 3],
 }
+
+/// The statuses the interceptor answers itself with, in `refusals` order.
+pub const REFUSAL_CODES: [u16; 3] = [502, 503, 504];
 
 /// What a route carried recently, as the scaler reads it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -61,6 +66,23 @@ impl Load {
 }
 
 impl RouteCounters {
+    /// Counts an answer the interceptor gave itself instead of the app's.
+    pub fn refused(&self, status: u16) {
+        if let Some(slot) = REFUSAL_CODES.iter().position(|code| *code == status) {
+            self.refusals[slot].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// (status, count) of the interceptor's own answers.
+    pub fn refusals(&self) -> [(u16, u64); 3] {
+        std::array::from_fn(|slot| {
+            (
+                REFUSAL_CODES[slot],
+                self.refusals[slot].load(Ordering::Relaxed),
+            )
+        })
+    }
+
     pub fn new(epoch: Instant) -> Self {
         Self {
             epoch,
@@ -71,6 +93,7 @@ impl RouteCounters {
             started: std::array::from_fn(|_| AtomicU64::new(0)),
             concurrency: std::array::from_fn(|_| AtomicU64::new(0)),
             cold_starts: watch::Sender::new(0),
+            refusals: Default::default(),
         }
     }
 

@@ -341,7 +341,7 @@ async fn proxy(
     // the upstream is at zero; connecting waits the same way for the rest.
     let deadline = route.upstream.deadline();
     if let Err(error) = route.upstream.admit(deadline).await {
-        return refused(&error);
+        return route.counted_refusal(refused(&error));
     }
     let request = Request::from_parts(parts, body);
     if pooled {
@@ -352,7 +352,7 @@ async fn proxy(
                 remove_hop_by_hop(response.headers_mut(), None);
                 response.map(|body| counted(body, in_flight))
             }
-            Err(SendError::Upstream(error)) => refused(&error),
+            Err(SendError::Upstream(error)) => route.counted_refusal(refused(&error)),
             // The client's own request body failed (it left mid-upload).
             Err(SendError::Http(error)) if error.is_user() => {
                 debug!(route = %route.name, %error, "the client's request failed");
@@ -361,8 +361,12 @@ async fn proxy(
                     "hoist interceptor: the request's body could not be read\n".to_string(),
                 )
             }
-            Err(SendError::Http(error)) => upstream_failure(&route.name, &error),
-            Err(SendError::ResponseTimeout(timeout)) => too_slow(&route.name, timeout),
+            Err(SendError::Http(error)) => {
+                route.counted_refusal(upstream_failure(&route.name, &error))
+            }
+            Err(SendError::ResponseTimeout(timeout)) => {
+                route.counted_refusal(too_slow(&route.name, timeout))
+            }
         };
     }
     // Here the clock also runs while the connector holds a request through
@@ -370,8 +374,8 @@ async fn proxy(
     let answer = tokio::time::timeout(route.response_timeout, route.client.request(request));
     let mut response = match answer.await {
         Ok(Ok(response)) => response,
-        Ok(Err(error)) => return client_failure(&route.name, &error),
-        Err(_) => return too_slow(&route.name, route.response_timeout),
+        Ok(Err(error)) => return route.counted_refusal(client_failure(&route.name, &error)),
+        Err(_) => return route.counted_refusal(too_slow(&route.name, route.response_timeout)),
     };
     route.upstream.reached();
     *response.version_mut() = client_version;
@@ -391,6 +395,14 @@ async fn proxy(
 
     remove_hop_by_hop(response.headers_mut(), None);
     response.map(|body| counted(body, in_flight))
+}
+
+impl HttpRoute {
+    /// Counts an answer the interceptor gave itself (502, 503, 504).
+    fn counted_refusal(&self, response: Response<ProxyBody>) -> Response<ProxyBody> {
+        self.counters.refused(response.status().as_u16());
+        response
+    }
 }
 
 fn counted<B>(body: B, in_flight: InFlight) -> ProxyBody
