@@ -664,7 +664,10 @@ fn the_alert_rules_pass_promtool() {
         .iter()
         .map(|r| r["alert"].as_str().unwrap())
         .collect();
-    assert_eq!(alerts.len(), 5);
+    assert_eq!(alerts.len(), 7, "{alerts:?}");
+    assert!(
+        alerts.contains("HoistEngineCountUnknown") && alerts.contains("HoistColdStartsTimingOut")
+    );
     // The Prometheus Operator's schema for the whole object.
     let modules = std::env::var("HOIST_TEST_NODE_MODULES").unwrap_or_else(|_| {
         root()
