@@ -155,13 +155,8 @@ fn engine_status(insight: Insight, wall_now: u64) -> EngineStatus {
         .sources
         .iter()
         .map(|(key, source)| {
-            let value = match *key {
-                "fallback" | "behavior" | "minReplicaCount" | "maxReplicaCount"
-                | "cooldownPeriod" | "pollingInterval" => {
-                    rules.get(*key).cloned().unwrap_or_default()
-                }
-                _ => serde_json::Value::Null,
-            };
+            // The sources are keyed by the rules' own (camelCase) names.
+            let value = rules.get(*key).cloned().unwrap_or_default();
             (
                 key.to_string(),
                 Setting {

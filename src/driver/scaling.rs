@@ -350,8 +350,10 @@ impl Scaling {
                 } => {}
             }
             let now = clock.now();
+            // Read once per turn: the store lookup parses the spec.
+            let mut object = self.object();
             let (interval, periodic) = {
-                let rules = self.current_rules();
+                let rules = self.current_rules(&object);
                 (self.interval(&rules), rules.behavior.is_some())
             };
             let decision = self.decision();
@@ -360,32 +362,27 @@ impl Scaling {
                 .as_ref()
                 .and_then(|d| d.cooldown_ends)
                 .is_some_and(|end| now >= end);
-            let unknown = matches!(self.answer(), Some(Answer::CountUnknown(_)));
-            let wait = if unknown {
-                interval.min(UNKNOWN_RETRY_MILLIS)
-            } else {
-                interval
-            };
-            let interval_over = last.is_none_or(|at| now >= at.saturating_add(wait));
+            let interval_over = last.is_none_or(|at| now >= at.saturating_add(self.wait(interval)));
             let wanted = pending || (periodic && last.is_some());
             let due = (wanted && (interval_over || at_zero)) || cooldown_over;
-            if due && let Some(answer) = self.evaluate(&clock, interval).await {
+            if due
+                && object.is_err()
+                && let Counting::Cluster(cluster) = &self.counting
+            {
+                // Just started: the watch's first list is on its way.
+                cluster.wait_synced().await;
+                object = self.object();
+            }
+            if due && let Some(answer) = self.evaluate(&clock, interval, object).await {
                 last = Some(now);
                 // An unknown count is asked again next interval.
                 pending = matches!(answer, Answer::CountUnknown(_));
             }
             // The next interval (when something waits for it), or an
-            // earlier cooldown end: it must not wait a whole interval. An
-            // unknown count is looked at again within a second (a new
-            // ScaledObject reaches the watch a moment after KEDA asks);
-            // the API itself is still asked at most once per interval.
-            let retry = match self.answer() {
-                Some(Answer::CountUnknown(_)) => interval.min(UNKNOWN_RETRY_MILLIS),
-                _ => interval,
-            };
+            // earlier cooldown end: it must not wait a whole interval.
             let next_interval = last
                 .filter(|_| pending || periodic)
-                .map(|at| at.saturating_add(retry));
+                .map(|at| at.saturating_add(self.wait(interval)));
             let cooldown_end = self.decision().and_then(|d| d.cooldown_ends);
             // Only deadlines still ahead: one already past (no reading to
             // evaluate yet) waits for the next reading instead of spinning.
@@ -397,14 +394,24 @@ impl Scaling {
         }
     }
 
+    /// How long after an evaluation the next one is due: the interval, or
+    /// within a second while the count is unknown (a new ScaledObject
+    /// reaches the watch a moment after KEDA asks; the API itself is still
+    /// asked at most once per interval).
+    fn wait(&self, interval: Millis) -> Millis {
+        match self.answer() {
+            Some(Answer::CountUnknown(_)) => interval.min(UNKNOWN_RETRY_MILLIS),
+            _ => interval,
+        }
+    }
+
     /// The metadata rules completed by the ScaledObject's settings, as far
-    /// as they are known now (no I/O: the watch's store).
-    fn current_rules(&self) -> Rules {
+    /// as they are known now.
+    fn current_rules(&self, object: &Result<ScaledObjectView, String>) -> Rules {
         let metadata = self.rules();
-        let object = self.object().ok();
         metadata
             .rules
-            .with_object(&metadata.written, object.as_ref().map(|o| &o.settings))
+            .with_object(&metadata.written, object.as_ref().ok().map(|o| &o.settings))
             .0
     }
 
@@ -427,13 +434,13 @@ impl Scaling {
 
     /// Runs the engine on every trigger's latest reading and the current
     /// count; `None` while no trigger has a reading yet.
-    async fn evaluate(&self, clock: &Clock, interval: Millis) -> Option<Answer> {
-        if let Counting::Cluster(cluster) = &self.counting {
-            // Just started: the watch's first list is on its way.
-            cluster.wait_synced().await;
-        }
+    async fn evaluate(
+        &self,
+        clock: &Clock,
+        interval: Millis,
+        object: Result<ScaledObjectView, String>,
+    ) -> Option<Answer> {
         let metadata = self.rules();
-        let object = self.object();
         let (rules, sources) = metadata
             .rules
             .with_object(&metadata.written, object.as_ref().ok().map(|o| &o.settings));

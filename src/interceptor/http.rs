@@ -60,6 +60,12 @@ const MAX_IDLE_PER_ROUTE: usize = 1024;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 impl HttpRoute {
+    /// Counts an answer the interceptor gave itself (502, 503, 504).
+    fn counted_refusal(&self, response: Response<ProxyBody>) -> Response<ProxyBody> {
+        self.counters.refused(response.status().as_u16());
+        response
+    }
+
     pub fn new(
         name: String,
         host: &str,
@@ -395,14 +401,6 @@ async fn proxy(
 
     remove_hop_by_hop(response.headers_mut(), None);
     response.map(|body| counted(body, in_flight))
-}
-
-impl HttpRoute {
-    /// Counts an answer the interceptor gave itself (502, 503, 504).
-    fn counted_refusal(&self, response: Response<ProxyBody>) -> Response<ProxyBody> {
-        self.counters.refused(response.status().as_u16());
-        response
-    }
 }
 
 fn counted<B>(body: B, in_flight: InFlight) -> ProxyBody
