@@ -231,6 +231,7 @@ fn parse(
             endpoints: source.endpoints(),
             source: Arc::new(source),
         },
+        route: None,
     })
 }
 

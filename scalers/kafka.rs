@@ -434,6 +434,7 @@ fn parse(
             endpoints: config.bootstrap_servers.clone(),
             source: Arc::new(KafkaSource::new(config)),
         },
+        route: None,
     })
 }
 

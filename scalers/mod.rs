@@ -32,13 +32,31 @@ pub struct Trigger {
     /// when the metadata sets none (ACA evaluates HTTP rules every 15 s).
     pub polling_interval: Option<Duration>,
     pub query: Query,
+    /// The interceptor route this trigger declares (`http`/`tcp` with
+    /// `upstream`), which exists while the trigger is tracked.
+    pub route: Option<crate::routing::RouteSpec>,
 }
 
-/// hoist's own parts a trigger may measure, besides outside sources.
-#[derive(Clone, Default)]
+/// hoist's own parts a trigger may measure, besides outside sources, and
+/// who is asking.
+#[derive(Clone)]
 pub struct Context {
     /// The interceptor's traffic counts (`http` and `tcp` triggers).
     pub traffic: Option<crate::interceptor::traffic::Traffic>,
+    /// The ScaledObject the trigger belongs to (a declared route is its).
+    pub owner: Option<crate::routing::Owner>,
+    /// Completes a declared route's `upstream` (`interceptor.cluster_domain`).
+    pub cluster_domain: String,
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Self {
+            traffic: None,
+            owner: None,
+            cluster_domain: "cluster.local".to_string(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Context {

@@ -189,6 +189,7 @@ fn parse(
                 config,
             }),
         },
+        route: None,
     })
 }
 

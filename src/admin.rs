@@ -20,6 +20,8 @@ pub struct AdminState {
     pub driver: Option<Driver>,
     /// This process's interceptor routes, if it runs one.
     pub interceptor: Option<Arc<crate::interceptor::Routes>>,
+    /// An interceptor following the scaler's route table: where it stands.
+    pub following: Option<watch::Receiver<crate::interceptor::follow::Following>>,
     /// Fires at shutdown, ending long polls.
     pub shutdown: tokio_util::sync::CancellationToken,
     /// True while hoist is serving; false while starting or shutting down.
@@ -35,10 +37,19 @@ pub fn router(state: AdminState) -> Router {
         router = router.route("/status", get(status));
     }
     let interceptor = state.interceptor.clone();
+    let following = state.following.clone();
     let shutdown = state.shutdown.clone();
+    let declared = state.driver.as_ref().and_then(Driver::routes);
     let mut router = router.with_state(state);
     if let Some(routes) = interceptor {
-        router = router.merge(crate::interceptor::report::router(routes, shutdown));
+        router = router.merge(crate::interceptor::report::router(
+            routes,
+            following,
+            shutdown.clone(),
+        ));
+    }
+    if let Some(declared) = declared {
+        router = router.merge(crate::routing::api::router(declared, shutdown));
     }
     router
 }

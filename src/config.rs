@@ -135,7 +135,12 @@ pub struct EngineSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct InterceptorSettings {
-    /// The HTTP proxy's listener (bound when there are HTTP routes).
+    /// Run the proxies in `hoist serve` even with no route in this file,
+    /// for routes ScaledObjects declare (on by itself when routes are
+    /// configured and `endpoints` is empty).
+    pub enabled: bool,
+    /// The HTTP proxy's listener; a declared TCP route listens on this
+    /// address's IP with its own `listenPort`.
     pub http_listen: SocketAddr,
     /// How long a request waits for an upstream at zero to accept a
     /// connection before it gets a 504 (a TCP connection is closed).
@@ -178,6 +183,29 @@ pub struct InterceptorSettings {
     pub read_timeout: Duration,
     pub http_routes: Vec<HttpRouteSettings>,
     pub tcp_routes: Vec<TcpRouteSettings>,
+    /// Whether ScaledObjects may declare routes in `http`/`tcp` trigger
+    /// metadata (`upstream`, `host`, `listenPort`).
+    pub declared_routes: bool,
+    /// `host:port` patterns (`*` any run of characters; `{namespace}` the
+    /// ScaledObject's namespace) a declared route's upstream must match.
+    /// Empty: the ScaledObject's own namespace's Services only
+    /// (`*.{namespace}.svc.<cluster_domain>:*`).
+    pub allowed_upstreams: Vec<String>,
+    /// Host patterns a declared HTTP route may serve, by namespace (`*`:
+    /// every namespace; `{namespace}` in a pattern is the ScaledObject's).
+    /// Empty: any host no other route holds.
+    pub allowed_hosts: BTreeMap<String, Vec<String>>,
+    /// Ports (`8000` or `8000-8099`) a declared TCP route may listen on,
+    /// by namespace (`*`: every namespace). Empty: any port from 1024
+    /// that hoist does not use itself.
+    pub allowed_listen_ports: BTreeMap<String, Vec<String>>,
+    /// The cluster's DNS domain, which completes a declared `upstream`
+    /// (`web:80` is `web.<namespace>.svc.<cluster_domain>:80`).
+    pub cluster_domain: String,
+    /// Split setup, interceptor side: `host:port` of the scaler's admin
+    /// port, whose route table (routes ScaledObjects declare) this
+    /// interceptor follows.
+    pub scaler: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -242,6 +270,13 @@ impl Default for InterceptorSettings {
             read_timeout: Duration::from_secs(1),
             http_routes: Vec::new(),
             tcp_routes: Vec::new(),
+            enabled: false,
+            declared_routes: true,
+            allowed_upstreams: Vec::new(),
+            allowed_hosts: BTreeMap::new(),
+            allowed_listen_ports: BTreeMap::new(),
+            cluster_domain: "cluster.local".to_string(),
+            scaler: None,
         }
     }
 }
@@ -262,11 +297,99 @@ impl InterceptorSettings {
     /// Whether `hoist serve` runs the proxies itself (else it reads remote
     /// interceptors, or has no `http`/`tcp` triggers at all).
     pub fn in_process(&self) -> bool {
-        self.endpoints.is_empty() && self.has_routes()
+        self.endpoints.is_empty() && (self.enabled || self.has_routes())
+    }
+
+    /// The ports a declared TCP route may listen on in `namespace`:
+    /// `None` when any port from 1024 is allowed.
+    pub fn listen_ports_for(&self, namespace: &str) -> Option<Vec<(u16, u16)>> {
+        if self.allowed_listen_ports.is_empty() {
+            return None;
+        }
+        let ranges = [namespace, "*"]
+            .iter()
+            .filter_map(|key| self.allowed_listen_ports.get(*key))
+            .flatten()
+            .filter_map(|range| port_range(range).ok())
+            .collect();
+        Some(ranges)
+    }
+
+    /// The host patterns a declared HTTP route may serve in `namespace`:
+    /// `None` when any host is allowed.
+    pub fn host_patterns_for(&self, namespace: &str) -> Option<Vec<HostPattern>> {
+        if self.allowed_hosts.is_empty() {
+            return None;
+        }
+        let patterns = [namespace, "*"]
+            .iter()
+            .filter_map(|key| self.allowed_hosts.get(*key))
+            .flatten()
+            .filter_map(|pattern| HostPattern::new(&pattern.replace("{namespace}", namespace)).ok())
+            .collect();
+        Some(patterns)
+    }
+
+    /// The upstream patterns for routes `namespace` declares.
+    pub fn upstream_patterns_for(&self, namespace: &str) -> Vec<SourcePattern> {
+        let own = [format!("*.{{namespace}}.svc.{}:*", self.cluster_domain)];
+        let texts = if self.allowed_upstreams.is_empty() {
+            &own[..]
+        } else {
+            &self.allowed_upstreams[..]
+        };
+        texts
+            .iter()
+            .filter_map(|text| SourcePattern::new(&text.replace("{namespace}", namespace)).ok())
+            .collect()
+    }
+
+    fn validate_declared_route_rules(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: String| ConfigError::Invalid {
+            key: key.to_string(),
+            reason,
+        };
+        for pattern in &self.allowed_upstreams {
+            SourcePattern::new(&pattern.replace("{namespace}", "namespace"))
+                .map_err(|reason| invalid("interceptor.allowed_upstreams", reason))?;
+        }
+        for (namespace, patterns) in &self.allowed_hosts {
+            for pattern in patterns {
+                HostPattern::new(&pattern.replace("{namespace}", "namespace")).map_err(|reason| {
+                    invalid(&format!("interceptor.allowed_hosts.{namespace}"), reason)
+                })?;
+            }
+        }
+        for (namespace, ranges) in &self.allowed_listen_ports {
+            for range in ranges {
+                port_range(range).map_err(|reason| {
+                    invalid(&format!("interceptor.allowed_listen_ports.{namespace}"), reason)
+                })?;
+            }
+        }
+        let domain_ok = !self.cluster_domain.is_empty()
+            && http::uri::Authority::try_from(self.cluster_domain.as_str()).is_ok()
+            && !self.cluster_domain.contains([':', '/', '@', ' ']);
+        if !domain_ok {
+            return Err(invalid(
+                "interceptor.cluster_domain",
+                format!("`{}` is not a DNS domain", self.cluster_domain),
+            ));
+        }
+        if let Some(scaler) = &self.scaler
+            && !host_port(scaler)
+        {
+            return Err(invalid(
+                "interceptor.scaler",
+                format!("{} (the scaler's admin port)", not_host_port(scaler)),
+            ));
+        }
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: String, reason: String| ConfigError::Invalid { key, reason };
+        self.validate_declared_route_rules()?;
         if self.read_timeout > Duration::from_secs(60) {
             return Err(invalid(
                 "interceptor.read_timeout".into(),
@@ -399,9 +522,8 @@ impl InterceptorSettings {
                 ));
             }
         }
-        if !self.http_routes.is_empty() {
-            listens.insert(self.http_listen);
-        }
+        // The HTTP proxy listens whenever the interceptor runs.
+        listens.insert(self.http_listen);
         for route in &self.tcp_routes {
             if route.listen.port() != 0 && !listens.insert(route.listen) {
                 return Err(invalid(
@@ -412,6 +534,18 @@ impl InterceptorSettings {
         }
         Ok(())
     }
+}
+
+/// `8000` or `8000-8099`, from 1 to 65535.
+pub fn port_range(text: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("`{text}` is not a port or a range of ports (`8000-8099`)");
+    let (low, high) = text.split_once('-').unwrap_or((text, text));
+    let low: u16 = low.trim().parse().map_err(|_| bad())?;
+    let high: u16 = high.trim().parse().map_err(|_| bad())?;
+    if low == 0 || low > high {
+        return Err(bad());
+    }
+    Ok((low, high))
 }
 
 /// Why an address is refused; a URL-shaped one is not shown: it may carry
@@ -429,6 +563,90 @@ fn host_port(address: &str) -> bool {
     address.rsplit_once(':').is_some_and(|(host, port)| {
         !host.is_empty() && port.parse::<u16>().is_ok() && crate::scalers::plain_address(address)
     })
+}
+
+/// A `host:port` pattern of `limits.allowed_sources`.
+#[derive(Debug, Clone)]
+pub struct SourcePattern {
+    pattern: regex::Regex,
+}
+
+impl SourcePattern {
+    pub fn new(text: &str) -> Result<Self, String> {
+        let (host, port) = text
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{text}` is not host:port (use `*` for any port)"))?;
+        if host.is_empty() || (port != "*" && port.parse::<u16>().is_err()) {
+            return Err(format!("`{text}` is not host:port (use `*` for any port)"));
+        }
+        let pattern = regex::Regex::new(&format!("^{}:{}$", glob(host), glob(port)))
+            .map_err(|e| format!("`{text}`: {e}"))?;
+        Ok(Self { pattern })
+    }
+
+    pub fn allows(&self, endpoint: &str) -> bool {
+        self.pattern.is_match(&endpoint.to_ascii_lowercase())
+    }
+}
+
+#[cfg(test)]
+mod pattern_tests {
+    use super::HostPattern;
+    use super::SourcePattern;
+
+    #[test]
+    fn host_and_port_globs() {
+        let cluster = SourcePattern::new("*.svc.cluster.local:*").unwrap();
+        assert!(cluster.allows("redis.orders.svc.cluster.local:6379"));
+        assert!(!cluster.allows("redis.example.com:6379"));
+        assert!(!cluster.allows("svc.cluster.local.evil.com:6379"));
+        let exact = SourcePattern::new("kafka-?.prod:9092").unwrap();
+        assert!(exact.allows("kafka-?.prod:9092"));
+        assert!(!exact.allows("kafka-1.prod:9092"), "only `*` is a wildcard");
+        let port = SourcePattern::new("10.1.2.*:6379").unwrap();
+        assert!(port.allows("10.1.2.7:6379"));
+        assert!(!port.allows("10.1.2.7:6380"));
+        for bad in ["no-port", ":6379", "host:port"] {
+            assert!(SourcePattern::new(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn host_globs() {
+        let team = HostPattern::new("*.team-a.example.com").unwrap();
+        assert!(team.allows("Shop.Team-A.example.com"));
+        assert!(!team.allows("team-a.example.com.evil.io"));
+        assert!(!team.allows("shop.team-b.example.com"));
+        for bad in ["", "host:80", "http://host", "a/b"] {
+            assert!(HostPattern::new(bad).is_err(), "{bad:?}");
+        }
+    }
+}
+
+/// `*` matches any run of characters; everything else is literal.
+fn glob(part: &str) -> String {
+    regex::escape(part).replace("\\*", ".*")
+}
+
+/// A host name pattern of `interceptor.allowed_hosts`.
+#[derive(Debug, Clone)]
+pub struct HostPattern {
+    pattern: regex::Regex,
+}
+
+impl HostPattern {
+    pub fn new(text: &str) -> Result<Self, String> {
+        if text.is_empty() || text.contains([':', '/', ' ', '@']) {
+            return Err(format!("`{text}` is not a host name pattern (no port, scheme or path)"));
+        }
+        let pattern = regex::Regex::new(&format!("^{}$", glob(&text.to_ascii_lowercase())))
+            .map_err(|e| format!("`{text}`: {e}"))?;
+        Ok(Self { pattern })
+    }
+
+    pub fn allows(&self, host: &str) -> bool {
+        self.pattern.is_match(&host.to_ascii_lowercase())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -713,7 +931,7 @@ impl Settings {
             });
         }
         for pattern in &self.limits.allowed_sources {
-            crate::driver::SourcePattern::new(pattern).map_err(|reason| ConfigError::Invalid {
+            SourcePattern::new(pattern).map_err(|reason| ConfigError::Invalid {
                 key: "limits.allowed_sources".to_string(),
                 reason,
             })?;
@@ -763,12 +981,10 @@ impl Settings {
             ("admin.listen".to_string(), self.admin.listen),
         ];
         if self.interceptor.in_process() {
-            if !self.interceptor.http_routes.is_empty() {
-                listeners.push((
-                    "interceptor.http_listen".to_string(),
-                    self.interceptor.http_listen,
-                ));
-            }
+            listeners.push((
+                "interceptor.http_listen".to_string(),
+                self.interceptor.http_listen,
+            ));
             for route in &self.interceptor.tcp_routes {
                 let key = format!("interceptor.tcp_routes[{}].listen", route.name);
                 listeners.push((key, route.listen));

@@ -87,7 +87,8 @@ pub fn proxied_connection_budget(descriptor_limit: u64) -> usize {
 #[derive(Debug)]
 pub struct ConnectionLimit {
     pub listener: String,
-    max: usize,
+    /// `interceptor.max_connections`, which a config reload may change.
+    max: AtomicUsize,
     open: AtomicUsize,
     refused: AtomicU64,
     shared: Arc<AtomicUsize>,
@@ -98,7 +99,7 @@ impl ConnectionLimit {
     pub fn new(listener: String, max: usize, shared: Arc<AtomicUsize>, shared_max: usize) -> Self {
         Self {
             listener,
-            max,
+            max: AtomicUsize::new(max),
             open: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
             shared,
@@ -116,7 +117,7 @@ impl ConnectionLimit {
                 })
                 .is_ok()
         };
-        if !taken(&self.open, self.max) {
+        if !taken(&self.open, self.max.load(Ordering::Relaxed)) {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -130,6 +131,11 @@ impl ConnectionLimit {
 
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
+    }
+
+    /// A new cap for connections accepted from now on; open ones stay.
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
     }
 
     /// Connections closed at accept because the listener or the process

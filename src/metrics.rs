@@ -215,11 +215,12 @@ impl prometheus_client::collector::Collector for RouteTraffic {
         let now = tokio::time::Instant::now();
         let loads: Vec<_> = self
             .0
+            .current()
             .iter()
             .map(|(name, route)| {
                 let labels = RouteLabels {
                     route: name.clone(),
-                    protocol: match route.protocol {
+                    protocol: match route.protocol() {
                         crate::interceptor::Protocol::Http => "http",
                         crate::interceptor::Protocol::Tcp => "tcp",
                     },
@@ -262,12 +263,12 @@ impl prometheus_client::collector::Collector for RouteTraffic {
         }
         let mut answered = encoder.encode_descriptor(
             "hoist_interceptor_refused",
-            "Answers the interceptor gave itself instead of the app's, by route and status: 502 (the app's connection failed), 503 (too many held, or shutting down), 504 (cold start or response timeout)",
+            "Answers the interceptor gave itself instead of the app's, by route and status: 502 (the app's connection failed), 503 (too many held, shutting down, or the route removed or moved), 504 (cold start or response timeout)",
             None,
             MetricType::Counter,
         )?;
-        for (name, route) in self.0.iter() {
-            if route.protocol != crate::interceptor::Protocol::Http {
+        for (name, route) in self.0.current().iter() {
+            if route.protocol() != crate::interceptor::Protocol::Http {
                 continue;
             }
             for (code, count) in route.counters.refusals() {
@@ -284,7 +285,7 @@ impl prometheus_client::collector::Collector for RouteTraffic {
             None,
             MetricType::Gauge,
         )?;
-        for limit in &self.0.listeners {
+        for limit in &self.0.listeners() {
             let labels = ListenerLabels {
                 listener: limit.listener.clone(),
             };
@@ -296,7 +297,7 @@ impl prometheus_client::collector::Collector for RouteTraffic {
             None,
             MetricType::Counter,
         )?;
-        for limit in &self.0.listeners {
+        for limit in &self.0.listeners() {
             let labels = ListenerLabels {
                 listener: limit.listener.clone(),
             };

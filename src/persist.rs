@@ -20,6 +20,9 @@ pub struct Snapshot {
     pub version: u32,
     /// Engine state by `namespace/name`.
     pub scaled_objects: BTreeMap<String, State>,
+    /// Routes ScaledObjects declared, in the order they were claimed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<crate::routing::RouteSpec>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -56,7 +56,10 @@ pub async fn probe(
             std::sync::Arc::new(fleet),
         ))
     };
-    let context = crate::scalers::Context { traffic };
+    let context = crate::scalers::Context {
+        traffic,
+        ..Default::default()
+    };
     let config = trigger::parse(metadata, &settings.auth_profiles(), defaults, &context)?;
     let trigger = &config.trigger;
     let outcome = tokio::time::timeout(config.timeout, trigger.query.source.observe()).await;

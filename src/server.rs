@@ -51,9 +51,11 @@ pub enum ServerError {
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
     #[error(
-        "`hoist interceptor` needs routes: add [[interceptor.http_routes]] or [[interceptor.tcp_routes]] to the config"
+        "`hoist interceptor` needs routes: add [[interceptor.http_routes]] or [[interceptor.tcp_routes]] to the config, or set interceptor.scaler to follow the routes ScaledObjects declare"
     )]
     NoRoutes,
+    #[error("cannot build the client that reads the scaler's route table")]
+    TableClient(#[source] reqwest::Error),
 }
 
 /// Listeners bound, nothing served yet: tests bind to port 0 and read the
@@ -73,7 +75,7 @@ impl Server {
         let grpc = bind("gRPC", settings.grpc.listen).await?;
         let admin = bind("admin", settings.admin.listen).await?;
         let interceptor = if settings.interceptor.in_process() {
-            Some(Interceptor::bind(&settings.interceptor).await?)
+            Some(Interceptor::bind(&settings.interceptor, settings.grace()).await?)
         } else {
             None
         };
@@ -87,11 +89,11 @@ impl Server {
 
     /// `hoist interceptor`: the proxies and the admin port only.
     pub async fn bind_interceptor(settings: Settings) -> Result<Self, ServerError> {
-        if !settings.interceptor.has_routes() {
+        if !settings.interceptor.has_routes() && settings.interceptor.scaler.is_none() {
             return Err(ServerError::NoRoutes);
         }
         let admin = bind("admin", settings.admin.listen).await?;
-        let interceptor = Interceptor::bind(&settings.interceptor).await?;
+        let interceptor = Interceptor::bind(&settings.interceptor, settings.grace()).await?;
         Ok(Self {
             settings,
             grpc: None,
@@ -162,9 +164,10 @@ impl Server {
         if let Some(routes) = &routes {
             registry.register_collector(Box::new(RouteTraffic(routes.clone())));
         }
+        let local_routes = interceptor.as_ref().map(Interceptor::control);
         let proxies = interceptor.map(|interceptor| {
             info!(http = ?interceptor.http_addr(), tcp = ?interceptor.tcp_addrs(), "interceptor is proxying");
-            tokio::spawn(interceptor.run(stop.clone(), settings.grace()))
+            tokio::spawn(interceptor.run(stop.clone()))
         });
         let driver = Driver::new(
             DriverSettings {
@@ -182,14 +185,22 @@ impl Server {
                     .iter()
                     .filter_map(|pattern| SourcePattern::new(pattern).ok())
                     .collect(),
-                context: crate::scalers::Context { traffic },
+                context: crate::scalers::Context {
+                    traffic: traffic.clone(),
+                    owner: None,
+                    cluster_domain: settings.interceptor.cluster_domain.clone(),
+                },
                 assume_applied: settings.engine.assume_applied,
+                routes: traffic.is_some().then(|| route_rules(&settings)),
             },
             settings.auth_profiles(),
             metrics.clone(),
             cancel.clone(),
         );
         registry.register_collector(Box::new(TriggerValues(driver.clone())));
+        if let (Some(control), Some(routes)) = (&local_routes, driver.routes()) {
+            control.serve_declared(&routes);
+        }
         if let Some(cluster) = Cluster::connect(&settings.kubernetes, cancel.clone()).await? {
             driver.set_cluster(cluster);
         }
@@ -255,6 +266,7 @@ impl Server {
             registry: Arc::new(registry),
             driver: Some(driver.clone()),
             interceptor: routes,
+            following: None,
             shutdown: stop.clone(),
             ready,
         });
@@ -327,15 +339,35 @@ async fn run_interceptor(
 ) -> Result<(), ServerError> {
     let interceptor = interceptor.ok_or(ServerError::NoRoutes)?;
     let routes = interceptor.routes();
+    let stop = CancellationToken::new();
+    let following = match &settings.interceptor.scaler {
+        Some(scaler) => {
+            let (status, following) = watch::channel(Default::default());
+            let client = reqwest::Client::builder()
+                .connect_timeout(settings.interceptor.read_timeout)
+                .timeout(crate::routing::api::MAX_WAIT + settings.interceptor.read_timeout)
+                .build()
+                .map_err(ServerError::TableClient)?;
+            tokio::spawn(crate::interceptor::follow::follow(
+                format!("http://{scaler}"),
+                client,
+                interceptor.control(),
+                status,
+                stop.clone(),
+            ));
+            Some(following)
+        }
+        None => None,
+    };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(RouteTraffic(routes.clone())));
-    let stop = CancellationToken::new();
     let (ready_tx, ready) = watch::channel(false);
     let admin_addr = admin.local_addr().ok();
     let admin_router = admin::router(AdminState {
         registry: Arc::new(registry),
         driver: None,
         interceptor: Some(routes),
+        following,
         shutdown: stop.clone(),
         ready,
     });
@@ -343,7 +375,7 @@ async fn run_interceptor(
     let admin_task = serve_admin(&settings, admin, admin_router, &admin_stop)?;
     info!(http = ?interceptor.http_addr(), tcp = ?interceptor.tcp_addrs(), admin = ?admin_addr, "hoist interceptor is proxying");
     let grace = settings.grace();
-    let proxies = tokio::spawn(interceptor.run(stop.clone(), grace));
+    let proxies = tokio::spawn(interceptor.run(stop.clone()));
     ready_tx.send_replace(true);
 
     shutdown.await;
@@ -388,6 +420,25 @@ fn serve_admin(
             })
         }
     })
+}
+
+/// What ScaledObjects may declare as routes, and what they may not take:
+/// hoist's own ports and the config's routes.
+fn route_rules(settings: &Settings) -> crate::routing::RouteRules {
+    let mut reserved = vec![
+        (settings.grpc.listen.port(), "grpc.listen".to_string()),
+        (settings.admin.listen.port(), "admin.listen".to_string()),
+    ];
+    // Interceptors in their own Deployment use the same setting.
+    reserved.push((
+        settings.interceptor.http_listen.port(),
+        "interceptor.http_listen".to_string(),
+    ));
+    crate::routing::RouteRules {
+        interceptor: settings.interceptor.clone(),
+        reserved,
+        config_routes: crate::interceptor::table::config_routes(&settings.interceptor),
+    }
 }
 
 /// The state file, when its directory exists or can be made: without

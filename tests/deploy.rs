@@ -280,6 +280,7 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
                 .unwrap(),
             ),
         )),
+        ..Default::default()
     };
     let interceptor_docs = documents("deploy/kubernetes");
     let interceptor_config: toml::Table =

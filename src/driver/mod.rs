@@ -27,7 +27,10 @@ pub use scaling::{
     Scaling,
 };
 
+use arc_swap::ArcSwap;
+
 use crate::cluster::Cluster;
+use crate::routing::{Owner, Registry, RouteError};
 use crate::config::AuthProfiles;
 use crate::engine::{Decision, Rules};
 use crate::metadata::MetadataError;
@@ -52,6 +55,8 @@ pub struct DriverSettings {
     /// compute from their own last decision instead of answering
     /// `Unavailable`.
     pub assume_applied: bool,
+    /// What routes ScaledObjects may declare; none without an interceptor.
+    pub routes: Option<crate::routing::RouteRules>,
 }
 
 impl DriverSettings {
@@ -66,56 +71,12 @@ impl DriverSettings {
             allowed_sources: Vec::new(),
             context: Default::default(),
             assume_applied: false,
+            routes: None,
         }
     }
 }
 
-/// A `host:port` pattern of `limits.allowed_sources`.
-#[derive(Debug, Clone)]
-pub struct SourcePattern {
-    pattern: regex::Regex,
-}
-
-impl SourcePattern {
-    pub fn new(text: &str) -> Result<Self, String> {
-        let (host, port) = text
-            .rsplit_once(':')
-            .ok_or_else(|| format!("`{text}` is not host:port (use `*` for any port)"))?;
-        if host.is_empty() || (port != "*" && port.parse::<u16>().is_err()) {
-            return Err(format!("`{text}` is not host:port (use `*` for any port)"));
-        }
-        let glob = |part: &str| regex::escape(part).replace("\\*", ".*");
-        let pattern = regex::Regex::new(&format!("^{}:{}$", glob(host), glob(port)))
-            .map_err(|e| format!("`{text}`: {e}"))?;
-        Ok(Self { pattern })
-    }
-
-    pub fn allows(&self, endpoint: &str) -> bool {
-        self.pattern.is_match(&endpoint.to_ascii_lowercase())
-    }
-}
-
-#[cfg(test)]
-mod pattern_tests {
-    use super::SourcePattern;
-
-    #[test]
-    fn host_and_port_globs() {
-        let cluster = SourcePattern::new("*.svc.cluster.local:*").unwrap();
-        assert!(cluster.allows("redis.orders.svc.cluster.local:6379"));
-        assert!(!cluster.allows("redis.example.com:6379"));
-        assert!(!cluster.allows("svc.cluster.local.evil.com:6379"));
-        let exact = SourcePattern::new("kafka-?.prod:9092").unwrap();
-        assert!(exact.allows("kafka-?.prod:9092"));
-        assert!(!exact.allows("kafka-1.prod:9092"), "only `*` is a wildcard");
-        let port = SourcePattern::new("10.1.2.*:6379").unwrap();
-        assert!(port.allows("10.1.2.7:6379"));
-        assert!(!port.allows("10.1.2.7:6380"));
-        for bad in ["no-port", ":6379", "host:port"] {
-            assert!(SourcePattern::new(bad).is_err(), "{bad}");
-        }
-    }
-}
+pub use crate::config::SourcePattern;
 
 /// Keyed by [`TriggerKey::identity`]: a slot is the key's buffer and the
 /// entry, so 10,000 triggers fit in a quarter of a megabyte of table.
@@ -140,6 +101,8 @@ pub enum TrackError {
     MetadataBudget { limit: usize },
     #[error("`{endpoint}` is not among hoist's allowed sources (limits.allowed_sources)")]
     SourceNotAllowed { endpoint: String },
+    #[error("bad trigger metadata: {0}")]
+    Route(#[from] RouteError),
 }
 
 /// Who is asking: KEDA identifies a trigger by its ScaledObject and its
@@ -336,8 +299,12 @@ impl Drop for StreamGuard {
 }
 
 struct Inner {
-    settings: DriverSettings,
-    profiles: AuthProfiles,
+    /// Swapped whole by a config reload; a trigger is checked against the
+    /// settings in force when it is first tracked.
+    settings: ArcSwap<DriverSettings>,
+    profiles: ArcSwap<AuthProfiles>,
+    /// Routes ScaledObjects declare (when there is an interceptor).
+    routes: Option<Arc<Registry>>,
     metrics: Arc<Metrics>,
     /// Lock order: `triggers` before `pollers`.
     /// Looked up on every RPC: a fast hasher (seeded per process, so keys
@@ -376,17 +343,23 @@ impl Driver {
         metrics: Arc<Metrics>,
         cancel: CancellationToken,
     ) -> Self {
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let routes = settings
+            .routes
+            .clone()
+            .map(|rules| Arc::new(Registry::new(rules, changed.clone())));
         let driver = Self {
             inner: Arc::new(Inner {
-                settings,
-                profiles,
+                settings: ArcSwap::from_pointee(settings),
+                profiles: ArcSwap::from_pointee(profiles),
+                routes,
                 metrics,
                 triggers: RwLock::new(HashMap::default()),
                 pollers: Mutex::new(HashMap::new()),
                 scalings: Mutex::new(HashMap::new()),
                 restored: Mutex::new(Default::default()),
                 cluster: std::sync::OnceLock::new(),
-                changed: Arc::new(tokio::sync::Notify::new()),
+                changed,
                 clock: Clock::new(),
                 cancel,
                 next_id: AtomicU64::new(1),
@@ -438,9 +411,14 @@ impl Driver {
     pub fn track(&self, key: TriggerKey) -> Result<Arc<Tracked>, TrackError> {
         if let Some(tracked) = self.read_triggers().get(key.identity()) {
             tracked.touch();
+            // The ScaledObject's route is the one its trigger asked last:
+            // an edit undone (old metadata asked again) takes it back.
+            if let (Some(spec), Some(routes)) = (&tracked.config.trigger.route, &self.inner.routes) {
+                routes.claim(key.identity(), spec)?;
+            }
             return Ok(tracked.clone());
         }
-        let settings = &self.inner.settings;
+        let settings = self.inner.settings.load();
         let size = key.size();
         if size > settings.max_metadata_bytes {
             return Err(TrackError::MetadataTooLarge {
@@ -459,11 +437,18 @@ impl Driver {
                 limit: settings.max_tracked_metadata_bytes,
             });
         }
+        let context = crate::scalers::Context {
+            owner: Some(Owner {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+            }),
+            ..settings.context.clone()
+        };
         let config = trigger::parse(
             &key.metadata_map(),
-            &self.inner.profiles,
-            self.inner.settings.defaults,
-            &self.inner.settings.context,
+            &self.inner.profiles.load(),
+            settings.defaults,
+            &context,
         )?;
         if !settings.allowed_sources.is_empty()
             && let Some(endpoint) = config
@@ -477,7 +462,43 @@ impl Driver {
                 endpoint: endpoint.clone(),
             });
         }
-        Ok(self.track_parsed(key, config)?)
+        // Claimed before tracking: a trigger that replaces an older one of
+        // its ScaledObject (an edit) takes the route over, never dropping it.
+        let declared = config.trigger.route.clone();
+        if let Some(spec) = &declared {
+            let routes = self.inner.routes.as_ref().ok_or_else(|| {
+                MetadataError::invalid("upstream", "this hoist runs no interceptor to route through")
+            })?;
+            routes.claim(key.identity(), spec)?;
+        }
+        let identity = key.identity.clone();
+        self.track_parsed(key, config).map_err(|error| {
+            if let (Some(spec), Some(routes)) = (&declared, &self.inner.routes) {
+                routes.release(&identity, &spec.name);
+            }
+            TrackError::from(error)
+        })
+    }
+
+    /// Settings from a reloaded config, for triggers tracked from now on
+    /// (tracked ones keep what they were checked against). Refused whole
+    /// when the new config routes take a declared route's claim.
+    pub fn reconfigure(
+        &self,
+        settings: DriverSettings,
+        profiles: AuthProfiles,
+    ) -> Result<(), RouteError> {
+        if let (Some(routes), Some(rules)) = (&self.inner.routes, &settings.routes) {
+            routes.reconfigure(rules.clone())?;
+        }
+        self.inner.settings.store(Arc::new(settings));
+        self.inner.profiles.store(Arc::new(profiles));
+        Ok(())
+    }
+
+    /// The routes ScaledObjects declared, when this hoist has an interceptor.
+    pub fn routes(&self) -> Option<Arc<Registry>> {
+        self.inner.routes.clone()
     }
 
     /// Like [`Driver::track`], for a trigger already parsed.
@@ -647,7 +668,7 @@ impl Driver {
             name: key.name.clone(),
             rules,
             policy: CountPolicy {
-                assume_applied: self.inner.settings.assume_applied,
+                assume_applied: self.inner.settings.load().assume_applied,
                 restored: restored.is_some(),
             },
             state: restored.unwrap_or_default(),
@@ -664,6 +685,9 @@ impl Driver {
     /// Hands over state saved by an earlier run; each ScaledObject takes
     /// its own when its first engine-mode trigger arrives.
     pub fn restore(&self, snapshot: Snapshot) {
+        if let Some(routes) = &self.inner.routes {
+            routes.restore(snapshot.routes);
+        }
         *self
             .inner
             .restored
@@ -689,6 +713,12 @@ impl Driver {
         Snapshot {
             version: persist::VERSION,
             scaled_objects,
+            routes: self
+                .inner
+                .routes
+                .as_ref()
+                .map(|routes| routes.snapshot())
+                .unwrap_or_default(),
         }
     }
 
@@ -720,7 +750,10 @@ impl Driver {
     /// left without subscribers. Returns how many triggers were dropped.
     pub fn evict_idle(&self) -> usize {
         let now = Instant::now();
-        let idle_after = self.inner.settings.idle_after;
+        let idle_after = self.inner.settings.load().idle_after;
+        if let Some(routes) = &self.inner.routes {
+            routes.drop_unclaimed(idle_after);
+        }
         let mut triggers = self
             .inner
             .triggers
@@ -755,6 +788,9 @@ impl Driver {
         let Some(tracked) = triggers.remove(key.identity()) else {
             return;
         };
+        if let (Some(spec), Some(routes)) = (&tracked.config.trigger.route, &self.inner.routes) {
+            routes.release(key.identity(), &spec.name);
+        }
         self.inner
             .tracked_metadata
             .fetch_sub(tracked.key.size(), Ordering::Relaxed);
@@ -832,7 +868,7 @@ impl Driver {
     }
 
     async fn sweep_idle(self) {
-        let every = (self.inner.settings.idle_after / 10)
+        let every = (self.inner.settings.load().idle_after / 10)
             .clamp(Duration::from_secs(1), Duration::from_secs(60));
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
+use crate::routing::RouteError;
 use crate::driver::{PollError, Reading, TrackError};
 use crate::metadata::MetadataError;
 
@@ -82,7 +83,12 @@ impl RpcError {
                 | TrackError::TooManyTriggers { .. }
                 | TrackError::MetadataBudget { .. },
             ) => Code::ResourceExhausted,
-            RpcError::Track(TrackError::SourceNotAllowed { .. }) => Code::PermissionDenied,
+            RpcError::Track(
+                TrackError::SourceNotAllowed { .. } | TrackError::Route(RouteError::Denied { .. }),
+            ) => Code::PermissionDenied,
+            RpcError::Track(TrackError::Route(
+                RouteError::Taken { .. } | RouteError::Unservable { .. },
+            )) => Code::InvalidArgument,
             RpcError::SourceFailing { .. }
             | RpcError::NoReadingYet { .. }
             | RpcError::NoDecisionYet { .. }
@@ -126,6 +132,20 @@ mod tests {
             endpoint: "evil:6379".into(),
         });
         assert_eq!(refused.code(), Code::PermissionDenied);
+        let denied = RpcError::from(TrackError::from(RouteError::Denied {
+            key: "upstream",
+            setting: "interceptor.allowed_upstreams",
+            reason: "`db.other.svc.cluster.local:5432` is not allowed".into(),
+        }));
+        assert_eq!(denied.code(), Code::PermissionDenied);
+        assert!(denied.to_string().contains("(interceptor.allowed_upstreams)"));
+        let taken = RpcError::from(TrackError::from(RouteError::Taken {
+            key: "host",
+            claim: "host `a.example.com`".into(),
+            holder: "ScaledObject shop/web".into(),
+        }));
+        assert_eq!(taken.code(), Code::InvalidArgument);
+        assert!(taken.to_string().contains("ScaledObject shop/web"));
         let pending = RpcError::from_reading(
             &Reading::Pending,
             "redis list `a` on b:1 db 0",

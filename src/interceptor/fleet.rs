@@ -74,7 +74,7 @@ impl Fleet {
         for report in &sweep.reports {
             for (name, route_report) in &report.routes {
                 if route_report.protocol == protocol
-                    && route.selects(name, route_report.host.as_deref())
+                    && route.selects(name, &route_report.hosts)
                 {
                     total.add(&route_report.load);
                     found.insert(name.as_str());
@@ -206,16 +206,14 @@ impl Fleet {
             .subscribe()
     }
 
-    fn wake(&self, name: &str, host: Option<&str>) {
+    fn wake(&self, name: &str, hosts: &[String]) {
         let wakers = self
             .wakers
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let keys = [
-            Some(format!("route:{name}")),
-            host.map(|host| format!("host:{host}")),
-        ];
-        for key in keys.into_iter().flatten() {
+        let keys = std::iter::once(format!("route:{name}"))
+            .chain(hosts.iter().map(|host| format!("host:{host}")));
+        for key in keys {
             if let Some(waker) = wakers.get(&key) {
                 waker.send_modify(|generation| *generation += 1);
             }
@@ -326,7 +324,7 @@ impl Fleet {
                         woke = true;
                     }
                     debug!(%address, route = %name, "cold start began");
-                    self.wake(name, route.host.as_deref());
+                    self.wake(name, &route.hosts);
                 }
             }
             seen = Some(report);
@@ -335,7 +333,7 @@ impl Fleet {
 }
 
 /// A reqwest error with its causes, which its `Display` leaves out.
-fn describe(error: &reqwest::Error) -> String {
+pub(crate) fn describe(error: &reqwest::Error) -> String {
     let mut text = error.to_string();
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {

@@ -28,7 +28,9 @@ use super::counters::{InFlight, RouteCounters};
 use super::deadline::{Activity, Deadlines};
 use super::http1_pool::{Http1Pool, SendError};
 use super::upstream::{Upstream, UpstreamError};
+use super::Routes;
 use crate::listen::ConnectionLimit;
+use arc_swap::ArcSwap;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -37,15 +39,15 @@ pub type ProxyBody = BoxBody<Bytes, BoxError>;
 pub struct HttpRoute {
     pub name: String,
     /// Lower case, without a port.
-    pub host: String,
+    pub hosts: Vec<String>,
     pub path_prefix: Option<String>,
     pub counters: Arc<RouteCounters>,
     pub upstream_http2: bool,
-    /// The route's host as a URI authority, for hyper-util's client: it
-    /// keys that client's pool (one per route, whatever `Host` spellings
-    /// clients send) and is an h2c upstream's `:authority`.
+    /// The route's (first) host as a URI authority, for hyper-util's
+    /// client: it keys that client's pool (one per route, whatever `Host`
+    /// spellings clients send) and is an h2c upstream's `:authority`.
     authority: Option<Authority>,
-    upstream: Arc<Upstream>,
+    pub(super) upstream: Arc<Upstream>,
     /// HTTP/1.1 upstreams: plain requests.
     pool: Arc<Http1Pool>,
     /// Upgrades, and every request to an h2c upstream.
@@ -68,7 +70,7 @@ impl HttpRoute {
 
     pub fn new(
         name: String,
-        host: &str,
+        hosts: &[String],
         path_prefix: Option<String>,
         upstream: Arc<Upstream>,
         upstream_http2: bool,
@@ -87,11 +89,13 @@ impl HttpRoute {
         let client = builder.build(ColdStartConnector {
             upstream: upstream.clone(),
         });
-        let host = host.to_ascii_lowercase();
+        let hosts: Vec<String> = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
         Self {
             name,
-            authority: Authority::try_from(host.as_str()).ok(),
-            host,
+            authority: hosts
+                .first()
+                .and_then(|host| Authority::try_from(host.as_str()).ok()),
+            hosts,
             path_prefix,
             counters,
             upstream_http2,
@@ -107,9 +111,13 @@ impl HttpRoute {
         }
     }
 
+    pub fn response_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+
     /// `host` as the client sent it: any case, no port.
     fn matches(&self, host: &str, path: &str) -> bool {
-        if !self.host.eq_ignore_ascii_case(host) {
+        if !self.hosts.iter().any(|own| own.eq_ignore_ascii_case(host)) {
             return false;
         }
         match &self.path_prefix {
@@ -127,6 +135,7 @@ impl HttpRoute {
 }
 
 /// The routes, most specific (longest path prefix) first.
+#[derive(Default)]
 pub struct HttpRouter {
     routes: Vec<Arc<HttpRoute>>,
 }
@@ -174,29 +183,14 @@ impl From<&crate::config::InterceptorSettings> for ClientLimits {
 /// to `grace`.
 pub async fn serve(
     listener: TcpListener,
-    router: Arc<HttpRouter>,
-    limits: ClientLimits,
+    routes: Arc<Routes>,
+    limits: Arc<ArcSwap<ClientLimits>>,
     connections: Arc<ConnectionLimit>,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // A client gets this long to send a request's headers (slow-loris),
-    // and this many bytes for them (hyper answers 431 past it).
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(limits.max_header_bytes);
-    // A peer that stops answering pings (gone node, half-open connection)
-    // is dropped with its streams.
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(limits.http2_keepalive_interval)
-        .keep_alive_timeout(limits.http2_keepalive_timeout)
-        .max_concurrent_streams(limits.http2_max_concurrent_streams)
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    let mut current = limits.load_full();
+    let mut builder = server_builder(&current);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -207,21 +201,26 @@ pub async fn serve(
         let Some(permit) = connections.admit() else {
             continue;
         };
-        let router = router.clone();
+        // A reload's limits apply to connections accepted after it.
+        if !Arc::ptr_eq(&current, &limits.load()) {
+            current = limits.load_full();
+            builder = server_builder(&current);
+        }
+        let routes = routes.clone();
         // Built once per connection, not once per request.
         let client_end = Arc::new(Peer::new(peer));
         let activity = Activity::new();
         let stream = Deadlines::new(
             stream,
             activity.clone(),
-            limits.first_byte_timeout,
-            limits.idle_timeout,
+            current.first_byte_timeout,
+            current.idle_timeout,
         );
         let service = hyper::service::service_fn(move |request| {
-            let (router, client_end) = (router.clone(), client_end.clone());
+            let (routes, client_end) = (routes.clone(), client_end.clone());
             let open = activity.request();
             async move {
-                let response = proxy(&router, &client_end, request).await;
+                let response = proxy(&routes, &client_end, request).await;
                 if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                     open.upgraded();
                 }
@@ -251,6 +250,27 @@ pub async fn serve(
     }
 }
 
+fn server_builder(limits: &ClientLimits) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // A client gets this long to send a request's headers (slow-loris),
+    // and this many bytes for them (hyper answers 431 past it).
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(limits.max_header_bytes);
+    // A peer that stops answering pings (gone node, half-open connection)
+    // is dropped with its streams.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.http2_keepalive_interval)
+        .keep_alive_timeout(limits.http2_keepalive_timeout)
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    builder
+}
+
 /// The client end of a connection, as forwarded headers name it.
 struct Peer {
     address: String,
@@ -268,7 +288,7 @@ impl Peer {
 }
 
 async fn proxy(
-    router: &HttpRouter,
+    routes: &Routes,
     peer: &Peer,
     mut request: Request<Incoming>,
 ) -> Response<ProxyBody> {
@@ -281,7 +301,8 @@ async fn proxy(
             );
         }
     };
-    let Some(route) = router.find(host, request.uri().path()) else {
+    let route = routes.current().http.find(host, request.uri().path()).cloned();
+    let Some(route) = route else {
         return plain(
             StatusCode::NOT_FOUND,
             format!(
@@ -469,12 +490,13 @@ fn too_slow(route: &str, timeout: Duration) -> Response<ProxyBody> {
 fn refused(error: &UpstreamError) -> Response<ProxyBody> {
     let status = match error {
         UpstreamError::ColdStartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-        UpstreamError::TooManyHeld { .. } | UpstreamError::ShuttingDown { .. } => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        UpstreamError::TooManyHeld { .. }
+        | UpstreamError::ShuttingDown { .. }
+        | UpstreamError::Moved { .. }
+        | UpstreamError::Removed { .. } => StatusCode::SERVICE_UNAVAILABLE,
     };
     let mut response = plain(status, format!("hoist interceptor: {error}\n"));
-    if let UpstreamError::ShuttingDown { .. } = error {
+    if let UpstreamError::ShuttingDown { .. } | UpstreamError::Moved { .. } = error {
         // Another replica (or this app, once up) can take it at once.
         response
             .headers_mut()
@@ -740,7 +762,7 @@ mod tests {
         let _guard = rt.enter();
         let route = HttpRoute::new(
             "api".into(),
-            "Web.Example.com",
+            &["Web.Example.com".to_string()],
             Some("/api/".into()),
             upstream,
             false,

@@ -4,69 +4,70 @@
 //!
 //! It runs inside `hoist serve` (one process) or alone as `hoist
 //! interceptor`, in which case the scaler reads every replica's counters
-//! over HTTP (`fleet`).
+//! over HTTP (`fleet`) and each replica follows the scaler's route table
+//! (`follow`). Routes come from hoist's config and from ScaledObjects
+//! (declared in trigger metadata); both change at runtime (`table`).
 
 pub mod counters;
 mod deadline;
 pub mod fleet;
+pub mod follow;
 mod http;
 mod http1_pool;
 pub mod report;
+pub mod table;
 mod tcp;
 pub mod traffic;
 pub mod upstream;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::routing::Protocol;
 use crate::config::InterceptorSettings;
 use crate::listen::ConnectionLimit;
+use crate::routing::RouteSpec;
 use counters::RouteCounters;
-use http::{ClientLimits, HttpRoute, HttpRouter};
-use upstream::Upstream;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    Http,
-    Tcp,
-}
-
-impl std::fmt::Display for Protocol {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Protocol::Http => "http",
-            Protocol::Tcp => "tcp",
-        })
-    }
-}
+use http::{ClientLimits, HttpRouter};
+use table::{RouteControl, RouteDefaults};
 
 /// One route as the counters' readers see it.
 pub struct RouteInfo {
-    pub protocol: Protocol,
-    /// The host an HTTP route serves (lower case).
-    pub host: Option<String>,
+    pub spec: RouteSpec,
     pub counters: Arc<RouteCounters>,
+    /// TCP: the address the route's listener is bound to.
+    pub bound: Option<SocketAddr>,
 }
 
-/// Every route of this process, by name.
-pub struct Routes {
-    /// Changes at every start, so readers can tell a restarted replica.
-    pub instance: String,
+impl RouteInfo {
+    pub fn protocol(&self) -> Protocol {
+        self.spec.protocol
+    }
+
+    /// The hosts an HTTP route serves (lower case).
+    pub fn hosts(&self) -> &[String] {
+        &self.spec.hosts
+    }
+}
+
+/// One version of the route table: what a request is routed by.
+#[derive(Default)]
+pub struct RouteSet {
     routes: BTreeMap<String, RouteInfo>,
-    /// Each listener's connection cap, for metrics.
-    pub listeners: Vec<Arc<ConnectionLimit>>,
+    http: HttpRouter,
+    /// Declared routes this interceptor does not serve, with the reason.
+    pub skipped: BTreeMap<String, String>,
 }
 
-impl Routes {
+impl RouteSet {
     pub fn get(&self, name: &str) -> Option<&RouteInfo> {
         self.routes.get(name)
     }
@@ -78,9 +79,64 @@ impl Routes {
     pub fn names(&self, protocol: Protocol) -> Vec<&str> {
         self.routes
             .iter()
-            .filter(|(_, route)| route.protocol == protocol)
+            .filter(|(_, route)| route.protocol() == protocol)
             .map(|(name, _)| name.as_str())
             .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+}
+
+/// Every route of this process: the table in force, swapped whole when
+/// routes change, so a request sees one version from start to end.
+pub struct Routes {
+    /// Changes at every start, so readers can tell a restarted replica.
+    pub instance: String,
+    current: ArcSwap<RouteSet>,
+    /// Bumped at every change of the table.
+    version: watch::Sender<u64>,
+    /// Each listener's connection cap, for metrics.
+    listeners: Mutex<Vec<Arc<ConnectionLimit>>>,
+}
+
+impl Routes {
+    fn new() -> Self {
+        Self {
+            instance: instance_id(),
+            current: ArcSwap::from_pointee(RouteSet::default()),
+            version: watch::Sender::new(0),
+            listeners: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The table in force now.
+    pub fn current(&self) -> Arc<RouteSet> {
+        self.current.load_full()
+    }
+
+    /// Ticks at every change of the table.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    pub fn listeners(&self) -> Vec<Arc<ConnectionLimit>> {
+        self.listeners
+            .lock()
+            .map(|listeners| listeners.clone())
+            .unwrap_or_default()
+    }
+
+    fn replace(&self, set: RouteSet) {
+        self.current.store(Arc::new(set));
+        self.version.send_modify(|version| *version += 1);
+    }
+
+    fn set_listeners(&self, listeners: Vec<Arc<ConnectionLimit>>) {
+        if let Ok(mut current) = self.listeners.lock() {
+            *current = listeners;
+        }
     }
 
     /// Takes one concurrency sample per route per second, for as long as
@@ -93,7 +149,7 @@ impl Routes {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {
                     let now = Instant::now();
-                    for route in self.routes.values() {
+                    for (_, route) in self.current().iter() {
                         route.counters.sample(now);
                     }
                 }
@@ -114,169 +170,86 @@ pub enum InterceptorError {
 
 /// The proxies, bound and not yet serving.
 pub struct Interceptor {
-    routes: Arc<Routes>,
-    http: Option<(TcpListener, Arc<HttpRouter>, Arc<ConnectionLimit>)>,
-    tcp: Vec<(TcpListener, Arc<Upstream>, Arc<ConnectionLimit>)>,
-    limits: ClientLimits,
-    /// Every route's upstream, released at shutdown.
-    upstreams: Vec<Arc<Upstream>>,
+    control: RouteControl,
+    http: (TcpListener, Arc<ConnectionLimit>),
 }
 
 impl Interceptor {
-    /// Binds a listener for HTTP (when there are HTTP routes) and one per
-    /// TCP route. Settings are validated when loaded.
-    pub async fn bind(settings: &InterceptorSettings) -> Result<Self, InterceptorError> {
-        let epoch = Instant::now();
-        let mut routes = BTreeMap::new();
-        // One budget for every listener, within the descriptors the
-        // process has; each listener also has its own cap.
-        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let budget =
-            crate::listen::proxied_connection_budget(crate::listen::raise_descriptor_limit());
-        let limit = |listener: String| {
-            Arc::new(ConnectionLimit::new(
-                listener,
-                settings.max_connections,
-                open.clone(),
-                budget,
-            ))
-        };
-        let mut upstreams = Vec::new();
-        let upstream = |name: &str, address: &str, cold_start: Option<Duration>| {
-            Arc::new(Upstream::new(
-                name.to_string(),
-                address.to_string(),
-                cold_start.unwrap_or(settings.cold_start_timeout),
-                settings.max_held_per_route,
-                Arc::new(RouteCounters::new(epoch)),
-            ))
-        };
-        let mut http_routes = Vec::new();
-        for route in &settings.http_routes {
-            let upstream = upstream(&route.name, &route.upstream, route.cold_start_timeout);
-            upstreams.push(upstream.clone());
-            let counters = upstream.counters.clone();
-            let http_route = HttpRoute::new(
-                route.name.clone(),
-                &route.host,
-                route.path_prefix.clone(),
-                upstream,
-                route.upstream_http2,
-                route.response_timeout.unwrap_or(settings.response_timeout),
-            );
-            routes.insert(
-                route.name.clone(),
-                RouteInfo {
-                    protocol: Protocol::Http,
-                    host: Some(http_route.host.clone()),
-                    counters,
-                },
-            );
-            http_routes.push(Arc::new(http_route));
-        }
-        let http = if http_routes.is_empty() {
-            None
-        } else {
-            let listener = bind("HTTP proxy".to_string(), settings.http_listen).await?;
-            Some((
-                listener,
-                Arc::new(HttpRouter::new(http_routes)),
-                limit("http".to_string()),
-            ))
-        };
-        let mut tcp = Vec::new();
-        for route in &settings.tcp_routes {
-            let upstream = upstream(&route.name, &route.upstream, route.cold_start_timeout);
-            upstreams.push(upstream.clone());
-            routes.insert(
-                route.name.clone(),
-                RouteInfo {
-                    protocol: Protocol::Tcp,
-                    host: None,
-                    counters: upstream.counters.clone(),
-                },
-            );
-            let listener = bind(format!("TCP route `{}`", route.name), route.listen).await?;
-            tcp.push((listener, upstream, limit(format!("tcp:{}", route.name))));
-        }
-        let listeners = http
-            .iter()
-            .map(|(_, _, limit)| limit.clone())
-            .chain(tcp.iter().map(|(_, _, limit)| limit.clone()))
-            .collect();
+    /// Binds the HTTP listener and one per TCP route of the config.
+    /// Settings are validated when loaded.
+    pub async fn bind(
+        settings: &InterceptorSettings,
+        grace: Duration,
+    ) -> Result<Self, InterceptorError> {
+        let listener = TcpListener::bind(settings.http_listen)
+            .await
+            .map_err(|source| InterceptorError::Bind {
+                what: "HTTP proxy".to_string(),
+                addr: settings.http_listen,
+                source,
+            })?;
+        let control = RouteControl::new(
+            Arc::new(Routes::new()),
+            RouteDefaults::from(settings),
+            ClientLimits::from(settings),
+            grace,
+        );
+        control.apply_config(table::config_routes(settings), RouteDefaults::from(settings))?;
+        let limit = control.listener_limit("http".to_string());
         Ok(Self {
-            routes: Arc::new(Routes {
-                instance: instance_id(),
-                routes,
-                listeners,
-            }),
-            http,
-            tcp,
-            limits: ClientLimits::from(settings),
-            upstreams,
+            control,
+            http: (listener, limit),
         })
     }
 
     pub fn routes(&self) -> Arc<Routes> {
-        self.routes.clone()
+        self.control.routes()
+    }
+
+    /// Changes the routes while the proxies serve.
+    pub fn control(&self) -> RouteControl {
+        self.control.clone()
     }
 
     pub fn http_addr(&self) -> Option<SocketAddr> {
-        self.http
-            .as_ref()
-            .and_then(|(listener, _, _)| listener.local_addr().ok())
+        self.http.0.local_addr().ok()
     }
 
     /// The bound address of each TCP route, by route name.
     pub fn tcp_addrs(&self) -> BTreeMap<String, SocketAddr> {
-        self.tcp
-            .iter()
-            .filter_map(|(listener, upstream, _)| {
-                Some((upstream.route.clone(), listener.local_addr().ok()?))
-            })
-            .collect()
+        self.control.routes().current().tcp_addrs()
     }
 
     /// Serves every proxy until `shutdown`; then held requests are
     /// answered at once (503 with `Retry-After`; held TCP connections are
-    /// closed) and open ones get `grace` to finish.
-    pub async fn run(self, shutdown: CancellationToken, grace: Duration) {
-        let mut tasks = JoinSet::new();
-        tasks.spawn(self.routes.clone().sample_every_second(shutdown.clone()));
-        if let Some((listener, router, connections)) = self.http {
-            tasks.spawn(http::serve(
-                listener,
-                router,
-                self.limits,
-                connections,
-                shutdown.clone(),
-                grace,
-            ));
-        }
-        for (listener, upstream, connections) in self.tcp {
-            tasks.spawn(tcp::serve(
-                listener,
-                upstream,
-                connections,
-                shutdown.clone(),
-                grace,
-            ));
-        }
-        let upstreams = self.upstreams;
-        tasks.spawn(async move {
-            shutdown.cancelled().await;
-            for upstream in &upstreams {
-                upstream.close();
-            }
-        });
-        while tasks.join_next().await.is_some() {}
+    /// closed) and open ones get the grace period to finish.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let routes = self.control.routes();
+        let sampling = tokio::spawn(routes.clone().sample_every_second(shutdown.clone()));
+        let (listener, limit) = self.http;
+        let http = tokio::spawn(http::serve(
+            listener,
+            routes,
+            self.control.client_limits(),
+            limit,
+            shutdown.clone(),
+            self.control.grace(),
+        ));
+        shutdown.cancelled().await;
+        self.control.shut_down().await;
+        let _ = http.await;
+        let _ = sampling.await;
     }
 }
 
-async fn bind(what: String, addr: SocketAddr) -> Result<TcpListener, InterceptorError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| InterceptorError::Bind { what, addr, source })
+impl RouteSet {
+    /// The bound address of each TCP route, by route name.
+    pub fn tcp_addrs(&self) -> BTreeMap<String, SocketAddr> {
+        self.routes
+            .iter()
+            .filter_map(|(name, route)| Some((name.clone(), route.bound?)))
+            .collect()
+    }
 }
 
 /// A value that differs between processes and starts.

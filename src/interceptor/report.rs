@@ -14,8 +14,12 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use tokio::sync::watch;
+
 use super::counters::Load;
+use super::follow::Following;
 use super::{Protocol, Routes};
+use crate::routing::RouteSpec;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoutesReport {
@@ -26,8 +30,9 @@ pub struct RoutesReport {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RouteReport {
     pub protocol: Protocol,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
+    /// The hosts an HTTP route serves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
     pub load: Load,
 }
 
@@ -41,8 +46,8 @@ pub struct HoldsReport {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RouteHolds {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
     pub cold_starts: u64,
     pub held: u64,
 }
@@ -61,11 +66,12 @@ pub fn routes_report(routes: &Routes, now: Instant) -> RoutesReport {
     RoutesReport {
         instance: routes.instance.clone(),
         routes: routes
+            .current()
             .iter()
             .map(|(name, route)| {
                 let report = RouteReport {
-                    protocol: route.protocol,
-                    host: route.host.clone(),
+                    protocol: route.protocol(),
+                    hosts: route.hosts().to_vec(),
                     load: route.counters.load(now),
                 };
                 (name.clone(), report)
@@ -78,10 +84,11 @@ fn holds_report(routes: &Routes) -> HoldsReport {
     HoldsReport {
         instance: routes.instance.clone(),
         routes: routes
+            .current()
             .iter()
             .map(|(name, route)| {
                 let holds = RouteHolds {
-                    host: route.host.clone(),
+                    hosts: route.hosts().to_vec(),
                     cold_starts: *route.counters.cold_starts().borrow(),
                     held: route.counters.held(),
                 };
@@ -94,16 +101,45 @@ fn holds_report(routes: &Routes) -> HoldsReport {
 #[derive(Clone)]
 struct ReportState {
     routes: Arc<Routes>,
+    following: Option<watch::Receiver<Following>>,
     /// Ends open long polls, so they do not hold up a shutdown.
     shutdown: CancellationToken,
 }
 
 /// The admin routes an interceptor adds.
-pub fn router(routes: Arc<Routes>, shutdown: CancellationToken) -> Router {
+pub fn router(
+    routes: Arc<Routes>,
+    following: Option<watch::Receiver<Following>>,
+    shutdown: CancellationToken,
+) -> Router {
     Router::new()
         .route("/interceptor/routes", get(get_routes))
         .route("/interceptor/holds", get(get_holds))
-        .with_state(ReportState { routes, shutdown })
+        .route("/interceptor/table", get(get_table))
+        .with_state(ReportState {
+            routes,
+            following,
+            shutdown,
+        })
+}
+
+/// The routes this interceptor serves (config and declared), the declared
+/// ones it leaves out and why, and where it stands with the scaler.
+#[derive(Debug, Serialize)]
+pub struct TableReport {
+    pub routes: Vec<RouteSpec>,
+    pub skipped: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub following: Option<Following>,
+}
+
+async fn get_table(State(state): State<ReportState>) -> axum::Json<TableReport> {
+    let current = state.routes.current();
+    axum::Json(TableReport {
+        routes: current.iter().map(|(_, route)| route.spec.clone()).collect(),
+        skipped: current.skipped.clone(),
+        following: state.following.as_ref().map(|f| f.borrow().clone()),
+    })
 }
 
 async fn get_routes(State(state): State<ReportState>) -> axum::Json<RoutesReport> {
@@ -124,13 +160,19 @@ struct HoldsQuery {
 /// starts it has not seen); otherwise when the next cold start begins or
 /// the wait ends.
 async fn get_holds(
-    State(ReportState { routes, shutdown }): State<ReportState>,
+    State(ReportState {
+        routes, shutdown, ..
+    }): State<ReportState>,
     Query(query): Query<HoldsQuery>,
 ) -> axum::Json<HoldsReport> {
     let mut watchers: Vec<_> = routes
+        .current()
         .iter()
         .map(|(_, route)| route.counters.cold_starts())
         .collect();
+    // A new route is news too: its first cold start must not be missed.
+    let mut table = routes.changes();
+    table.borrow_and_update();
     let report = holds_report(&routes);
     let current = query.instance.as_deref() == Some(routes.instance.as_str())
         && query.generation == Some(report.generation());
@@ -145,6 +187,7 @@ async fn get_holds(
     );
     tokio::select! {
         _ = tokio::time::timeout(wait, any_change) => {}
+        _ = table.changed() => {}
         _ = shutdown.cancelled() => {}
     }
     axum::Json(holds_report(&routes))

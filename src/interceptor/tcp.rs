@@ -11,6 +11,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use arc_swap::ArcSwap;
+
 use super::upstream::Upstream;
 use crate::listen::ConnectionLimit;
 use crate::logging::Summary;
@@ -22,28 +24,33 @@ static NOT_FORWARDED: Summary = Summary::new(Duration::from_secs(10));
 /// the client waits (TCP flow control) like any slow server's client.
 const EARLY_DATA_LIMIT: usize = 64 * 1024;
 
-/// Accepts connections for one route until `shutdown`, then gives open
-/// ones up to `grace` to finish.
+/// Accepts connections on one address until `stop` (its route went) or
+/// `shutdown`. Open connections carry on after `stop`; at `shutdown` they
+/// get up to `grace` to finish. Each connection goes to the route the
+/// address serves when it is accepted (`target`, swapped by a reload).
 pub async fn serve(
     listener: TcpListener,
-    upstream: Arc<Upstream>,
+    target: Arc<ArcSwap<Upstream>>,
     limit: Arc<ConnectionLimit>,
+    stop: CancellationToken,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
     let mut connections = JoinSet::new();
+    let label = limit.listener.clone();
     loop {
         let (client, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
+            _ = stop.cancelled() => break,
             // Reap finished connections so the set does not grow.
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            accepted = crate::listen::accept(&listener, &upstream.route) => accepted,
+            accepted = crate::listen::accept(&listener, &label) => accepted,
         };
         // Past the cap the connection is closed at once (and counted).
         let Some(permit) = limit.admit() else {
             continue;
         };
-        let upstream = upstream.clone();
+        let upstream = target.load_full();
         connections.spawn(async move {
             let _permit = permit;
             let _in_flight = upstream.counters.start(Instant::now());
@@ -53,12 +60,20 @@ pub async fn serve(
         });
     }
     drop(listener);
+    if !shutdown.is_cancelled() {
+        // The route went: what is open carries on until it ends, or until
+        // the interceptor shuts down.
+        tokio::select! {
+            _ = async { while connections.join_next().await.is_some() {} } => return,
+            _ = shutdown.cancelled() => {}
+        }
+    }
     let drained = tokio::time::timeout(grace, async {
         while connections.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
-        warn!(route = %upstream.route, ?grace, "connections still open after the grace period");
+        warn!(listener = %label, ?grace, "connections still open after the grace period");
         connections.abort_all();
     }
 }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::counters::Load;
 use super::fleet::Fleet;
-use super::{Protocol, Routes};
+use super::{Protocol, RouteSet, Routes};
 use crate::scalers::ObserveError;
 
 #[derive(Clone)]
@@ -28,10 +28,10 @@ pub enum RouteSelector {
 }
 
 impl RouteSelector {
-    pub fn selects(&self, name: &str, host: Option<&str>) -> bool {
+    pub fn selects(&self, name: &str, hosts: &[String]) -> bool {
         match self {
             RouteSelector::Name(wanted) => wanted == name,
-            RouteSelector::Host(wanted) => host == Some(wanted.as_str()),
+            RouteSelector::Host(wanted) => hosts.iter().any(|host| host == wanted),
         }
     }
 
@@ -45,13 +45,13 @@ impl RouteSelector {
 
 /// The local routes a selector picks.
 fn selected<'a>(
-    routes: &'a Routes,
+    routes: &'a RouteSet,
     protocol: Protocol,
     route: &'a RouteSelector,
 ) -> impl Iterator<Item = (&'a String, &'a super::RouteInfo)> {
-    routes.iter().filter(move |(name, info)| {
-        info.protocol == protocol && route.selects(name, info.host.as_deref())
-    })
+    routes
+        .iter()
+        .filter(move |(name, info)| info.protocol() == protocol && route.selects(name, info.hosts()))
 }
 
 impl std::fmt::Display for RouteSelector {
@@ -71,7 +71,8 @@ impl Traffic {
         let Traffic::Local(routes) = self else {
             return Ok(());
         };
-        let candidates: Vec<&str> = selected(routes, protocol, route)
+        let routes = routes.current();
+        let candidates: Vec<&str> = selected(&routes, protocol, route)
             .map(|(name, _)| name.as_str())
             .collect();
         match candidates.as_slice() {
@@ -100,7 +101,7 @@ impl Traffic {
         route: &RouteSelector,
     ) -> Result<Load, ObserveError> {
         match self {
-            Traffic::Local(routes) => selected(routes, protocol, route)
+            Traffic::Local(routes) => selected(&routes.current(), protocol, route)
                 .next()
                 .map(|(_, info)| info.counters.load(Instant::now()))
                 .ok_or_else(|| ObserveError::Config(format!("no {protocol} {route}"))),
@@ -112,8 +113,9 @@ impl Traffic {
     pub fn wakeups(&self, route: &RouteSelector) -> Option<watch::Receiver<u64>> {
         match self {
             Traffic::Local(routes) => routes
+                .current()
                 .iter()
-                .find(|(name, info)| route.selects(name, info.host.as_deref()))
+                .find(|(name, info)| route.selects(name, info.hosts()))
                 .map(|(_, info)| info.counters.cold_starts()),
             Traffic::Remote(fleet) => Some(fleet.wakeups(&route.wake_key())),
         }

@@ -53,6 +53,23 @@ pub enum UpstreamError {
     TooManyHeld { route: String, limit: usize },
     #[error("route `{route}`: the interceptor is shutting down; retry")]
     ShuttingDown { route: String },
+    #[error("route `{route}` now sends its traffic elsewhere; retry")]
+    Moved { route: String },
+    #[error("route `{route}` was removed from the interceptor")]
+    Removed { route: String },
+}
+
+/// Why an upstream stopped taking requests: what its held ones are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closing {
+    ShuttingDown,
+    /// The route now has another upstream.
+    Moved,
+    Removed,
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Refused and timed-out holds are logged once per this interval, with
@@ -63,8 +80,9 @@ pub struct Upstream {
     pub route: String,
     /// `host:port`.
     pub address: String,
-    pub cold_start_timeout: Duration,
-    pub max_held: usize,
+    /// Milliseconds; a config reload may change it for requests to come.
+    cold_start_timeout_ms: AtomicU64,
+    max_held: AtomicU64,
     pub counters: Arc<RouteCounters>,
     /// The gate: whether the upstream accepts connections, as last seen.
     accepting: watch::Sender<bool>,
@@ -73,8 +91,10 @@ pub struct Upstream {
     epoch: Instant,
     probing: AtomicBool,
     last_error: Mutex<String>,
-    /// Fires at shutdown: every held request is answered at once.
+    /// Fires at shutdown or when the route goes: every held request is
+    /// answered at once, with `closed_for`'s reason.
     closing: CancellationToken,
+    closed_for: Mutex<Closing>,
     refused: Summary,
     timed_out: Summary,
 }
@@ -90,8 +110,8 @@ impl Upstream {
         Self {
             route,
             address,
-            cold_start_timeout,
-            max_held,
+            cold_start_timeout_ms: AtomicU64::new(millis(cold_start_timeout)),
+            max_held: AtomicU64::new(max_held as u64),
             counters,
             // Until a connection fails, assume the upstream is up.
             accepting: watch::Sender::new(true),
@@ -100,21 +120,51 @@ impl Upstream {
             probing: AtomicBool::new(false),
             last_error: Mutex::new(String::new()),
             closing: CancellationToken::new(),
+            closed_for: Mutex::new(Closing::ShuttingDown),
             refused: Summary::new(SUMMARY_EVERY),
             timed_out: Summary::new(SUMMARY_EVERY),
         }
     }
 
-    /// Releases every held request (and any held later) with
-    /// [`UpstreamError::ShuttingDown`].
-    pub fn close(&self) {
+    /// Releases every held request (and any held later), telling them why.
+    pub fn close(&self, why: Closing) {
+        if let Ok(mut reason) = self.closed_for.lock()
+            && !self.closing.is_cancelled()
+        {
+            *reason = why;
+        }
         self.closing.cancel();
+    }
+
+    fn closed_error(&self) -> UpstreamError {
+        let route = self.route.clone();
+        match self.closed_for.lock().map(|why| *why) {
+            Ok(Closing::Moved) => UpstreamError::Moved { route },
+            Ok(Closing::Removed) => UpstreamError::Removed { route },
+            _ => UpstreamError::ShuttingDown { route },
+        }
+    }
+
+    pub fn cold_start_timeout(&self) -> Duration {
+        Duration::from_millis(self.cold_start_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    pub fn max_held(&self) -> usize {
+        usize::try_from(self.max_held.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+    }
+
+    /// New limits for requests that arrive from now on; held ones keep
+    /// the deadline they started with.
+    pub fn set_limits(&self, cold_start_timeout: Duration, max_held: usize) {
+        self.cold_start_timeout_ms
+            .store(millis(cold_start_timeout), Ordering::Relaxed);
+        self.max_held.store(max_held as u64, Ordering::Relaxed);
     }
 
     /// The deadline of a request (connection) that starts now.
     pub fn deadline(&self) -> Instant {
         let now = Instant::now();
-        now.checked_add(self.cold_start_timeout)
+        now.checked_add(self.cold_start_timeout())
             .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
     }
 
@@ -185,27 +235,22 @@ impl Upstream {
             return Ok(());
         }
         if self.closing.is_cancelled() {
-            return Err(UpstreamError::ShuttingDown {
-                route: self.route.clone(),
-            });
+            return Err(self.closed_error());
         }
-        let Some(_held) = self.counters.try_hold(self.max_held as u64) else {
+        let max_held = self.max_held();
+        let Some(_held) = self.counters.try_hold(max_held as u64) else {
             if let Some(refused) = self.refused.note() {
-                info!(route = %self.route, limit = self.max_held, refused, "too many requests held; refusing");
+                info!(route = %self.route, limit = max_held, refused, "too many requests held; refusing");
             }
             return Err(UpstreamError::TooManyHeld {
                 route: self.route.clone(),
-                limit: self.max_held,
+                limit: max_held,
             });
         };
         self.ensure_probe();
         let opened = tokio::select! {
             opened = tokio::time::timeout_at(deadline, accepting.wait_for(|up| *up)) => opened,
-            _ = self.closing.cancelled() => {
-                return Err(UpstreamError::ShuttingDown {
-                    route: self.route.clone(),
-                });
-            }
+            _ = self.closing.cancelled() => return Err(self.closed_error()),
         };
         match opened {
             Ok(Ok(_)) => Ok(()),
@@ -216,7 +261,7 @@ impl Upstream {
                 }
                 Err(UpstreamError::ColdStartTimeout {
                     route: self.route.clone(),
-                    timeout: self.cold_start_timeout,
+                    timeout: self.cold_start_timeout(),
                 })
             }
         }

@@ -21,6 +21,12 @@ pub fn parse_traffic_metadata(scaler: &str, data: &[u8]) {
             )
             .expect("an HTTP client"),
         ))),
+        // Declared routes are parsed too: they belong to a ScaledObject.
+        owner: Some(hoist::routing::Owner {
+            namespace: "fuzz".into(),
+            name: "app".into(),
+        }),
+        ..Default::default()
     });
     parse_with(scaler, data, context);
 }

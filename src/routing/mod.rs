@@ -1,0 +1,10 @@
+//! Routes: what they are (`spec`), and on the scaler's side, which
+//! ScaledObject declared which one (`registry`) and what it may declare
+//! (`policy`).
+
+pub mod api;
+pub mod registry;
+pub mod spec;
+
+pub use spec::{Claim, Listen, Owner, Protocol, RouteSpec, normalized_prefix};
+pub use registry::{Registry, RouteError, RouteRules, RouteTable};

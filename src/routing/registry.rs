@@ -1,0 +1,438 @@
+//! The scaler's record of the routes ScaledObjects declare: who holds
+//! which claim (a host and path prefix, a TCP port), checked against what
+//! hoist's config allows, and published as a versioned table to the
+//! interceptors (the in-process one at once; split replicas long-poll it).
+//!
+//! A route lives while a tracked trigger declares it. The first claim wins
+//! and, saved in the state file, keeps winning across restarts; the same
+//! ScaledObject declaring its route anew (an edit) replaces it in one step.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::{Claim, Protocol, RouteSpec};
+use crate::config::InterceptorSettings;
+
+/// Why a declared route is not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("`{key}`: {reason} ({setting})")]
+    Denied {
+        key: &'static str,
+        setting: &'static str,
+        reason: String,
+    },
+    #[error("`{key}`: {claim} is already routed by {holder}; the first claim keeps it")]
+    Taken {
+        key: &'static str,
+        claim: String,
+        holder: String,
+    },
+    #[error("`{key}`: the interceptor cannot serve this route: {reason}")]
+    Unservable { key: &'static str, reason: String },
+}
+
+/// What the scaler serves to interceptors: every declared route.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteTable {
+    /// Changes at every start of the scaler, so a follower knows a
+    /// version number from another run means nothing.
+    pub instance: String,
+    pub version: u64,
+    pub routes: Vec<RouteSpec>,
+}
+
+/// What declared routes may be, from hoist's config; a reload replaces it.
+#[derive(Debug, Clone)]
+pub struct RouteRules {
+    pub interceptor: InterceptorSettings,
+    /// Ports hoist listens on itself, with the setting that says so.
+    pub reserved: Vec<(u16, String)>,
+    /// Routes of hoist's config: they hold their claims first.
+    pub config_routes: Vec<RouteSpec>,
+}
+
+impl RouteRules {
+    /// Whether a declared route may be what it is. Errors name the
+    /// metadata key and the setting that refuses it.
+    fn allows(&self, spec: &RouteSpec) -> Result<(), RouteError> {
+        let Some(owner) = &spec.owner else {
+            return Ok(());
+        };
+        let namespace = owner.namespace.as_str();
+        if !self.interceptor.declared_routes {
+            return Err(RouteError::Denied {
+                key: "upstream",
+                setting: "interceptor.declared_routes",
+                reason: "this hoist takes no routes from ScaledObjects".to_string(),
+            });
+        }
+        let upstreams = self.interceptor.upstream_patterns_for(namespace);
+        if !upstreams.iter().any(|p| p.allows(&spec.upstream)) {
+            let which = if self.interceptor.allowed_upstreams.is_empty() {
+                format!("only Services of namespace `{namespace}` by default")
+            } else {
+                format!("not among the upstreams namespace `{namespace}` may use")
+            };
+            return Err(RouteError::Denied {
+                key: "upstream",
+                setting: "interceptor.allowed_upstreams",
+                reason: format!("`{}` is {which}", spec.upstream),
+            });
+        }
+        if let Some(patterns) = self.interceptor.host_patterns_for(namespace)
+            && let Some(host) = spec
+                .hosts
+                .iter()
+                .find(|host| !patterns.iter().any(|p| p.allows(host)))
+        {
+            return Err(RouteError::Denied {
+                key: "host",
+                setting: "interceptor.allowed_hosts",
+                reason: format!("namespace `{namespace}` may not route host `{host}`"),
+            });
+        }
+        if let Some(listen) = spec.listen {
+            let port = listen.port();
+            let allowed = match self.interceptor.listen_ports_for(namespace) {
+                Some(ranges) => ranges.iter().any(|(low, high)| (*low..=*high).contains(&port)),
+                None => port >= 1024,
+            };
+            if !allowed {
+                return Err(RouteError::Denied {
+                    key: "listenPort",
+                    setting: "interceptor.allowed_listen_ports",
+                    reason: format!("namespace `{namespace}` may not listen on port {port}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Serves the declared routes to the interceptor of this process; returns
+/// the routes it could not serve, with the reason.
+pub type LocalApply = Box<dyn Fn(&[RouteSpec]) -> BTreeMap<String, String> + Send + Sync>;
+
+pub struct Registry {
+    instance: String,
+    state: Mutex<State>,
+    table: watch::Sender<Arc<RouteTable>>,
+    local: Mutex<Option<LocalApply>>,
+    /// Notified when the routes change: state worth saving.
+    changed: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+struct State {
+    rules: RouteRules,
+    declared: BTreeMap<String, Declared>,
+    version: u64,
+    /// Gives each new route its place in claim order.
+    next_order: u64,
+}
+
+struct Declared {
+    spec: RouteSpec,
+    order: u64,
+    /// The tracked triggers (by identity) that declare this route.
+    holders: BTreeSet<Box<[u8]>>,
+    /// Restored from the state file and not declared again since then.
+    unclaimed_since: Option<Instant>,
+}
+
+impl Registry {
+    pub fn new(rules: RouteRules, changed: Arc<Notify>) -> Self {
+        let instance = format!("{:016x}", rand_seed());
+        Self {
+            table: watch::Sender::new(Arc::new(RouteTable {
+                instance: instance.clone(),
+                version: 0,
+                routes: Vec::new(),
+            })),
+            instance,
+            state: Mutex::new(State {
+                rules,
+                declared: BTreeMap::new(),
+                version: 0,
+                next_order: 0,
+            }),
+            local: Mutex::new(None),
+            changed,
+        }
+    }
+
+    /// Hands every change to this process's interceptor, starting now.
+    pub fn serve_locally(&self, apply: LocalApply) {
+        let state = self.lock();
+        apply(&routes_in_order(&state));
+        *self.local.lock().unwrap_or_else(|e| e.into_inner()) = Some(apply);
+    }
+
+    /// The table as interceptors see it, and its changes.
+    pub fn table(&self) -> watch::Receiver<Arc<RouteTable>> {
+        self.table.subscribe()
+    }
+
+    /// Every declared route, in claim order (for the state file).
+    pub fn snapshot(&self) -> Vec<RouteSpec> {
+        routes_in_order(&self.lock())
+    }
+
+    /// The route `holder` (a trigger's identity) declares. Refused when
+    /// the rules forbid it, another route holds one of its claims, or the
+    /// in-process interceptor cannot serve it.
+    pub fn claim(&self, holder: &[u8], spec: &RouteSpec) -> Result<(), RouteError> {
+        let mut state = self.lock();
+        // The usual case, every call of a tracked trigger: nothing changes.
+        // (A reload re-checks every route against the new rules.)
+        if let Some(existing) = state.declared.get_mut(&spec.name)
+            && existing.spec == *spec
+        {
+            existing.unclaimed_since = None;
+            if !existing.holders.contains(holder) {
+                existing.holders.insert(holder.into());
+            }
+            return Ok(());
+        }
+        state.rules.allows(spec)?;
+        check_claims(&state, spec)?;
+        let spec = spec.clone();
+        let previous = state.declared.remove(&spec.name);
+        let order = previous.as_ref().map_or_else(
+            || {
+                state.next_order += 1;
+                state.next_order
+            },
+            |previous| previous.order,
+        );
+        let mut holders = previous
+            .as_ref()
+            .map(|previous| previous.holders.clone())
+            .unwrap_or_default();
+        holders.insert(holder.into());
+        let name = spec.name.clone();
+        let changed = previous.is_some();
+        state.declared.insert(
+            name.clone(),
+            Declared {
+                spec: spec.clone(),
+                order,
+                holders,
+                unclaimed_since: None,
+            },
+        );
+        let skipped = self.publish(&mut state);
+        if let Some(reason) = skipped.get(&name) {
+            // Put back what was there: the refusal changes nothing.
+            state.declared.remove(&name);
+            if let Some(previous) = previous {
+                state.declared.insert(name.clone(), previous);
+            }
+            self.publish(&mut state);
+            let key = match spec.protocol {
+                Protocol::Http => "host",
+                Protocol::Tcp => "listenPort",
+            };
+            return Err(RouteError::Unservable {
+                key,
+                reason: reason.clone(),
+            });
+        }
+        let owner = spec.origin();
+        if changed {
+            info!(route = %name, %owner, upstream = %spec.upstream, "declared route changed");
+        } else {
+            info!(route = %name, %owner, upstream = %spec.upstream, "route declared");
+        }
+        Ok(())
+    }
+
+    /// `holder` no longer declares the route `name` (its trigger was
+    /// dropped); the route goes with its last holder.
+    pub fn release(&self, holder: &[u8], name: &str) {
+        let mut state = self.lock();
+        let Some(declared) = state.declared.get_mut(name) else {
+            return;
+        };
+        declared.holders.remove(holder);
+        if declared.holders.is_empty() {
+            state.declared.remove(name);
+            info!(route = %name, "declared route removed: no trigger declares it any more");
+            self.publish(&mut state);
+        }
+    }
+
+    /// Routes saved by an earlier run: served at once, and kept for
+    /// `idle_after` for their triggers to declare them again. One that
+    /// hoist's config no longer allows, or that clashes with a config
+    /// route, is dropped with a warning.
+    pub fn restore(&self, routes: Vec<RouteSpec>) {
+        let mut state = self.lock();
+        let now = Instant::now();
+        for spec in routes {
+            if let Err(error) = state.rules.allows(&spec).and_then(|()| check_claims(&state, &spec)) {
+                warn!(route = %spec.name, %error, "not restoring a saved route");
+                continue;
+            }
+            state.next_order += 1;
+            let order = state.next_order;
+            state.declared.insert(
+                spec.name.clone(),
+                Declared {
+                    spec,
+                    order,
+                    holders: BTreeSet::new(),
+                    unclaimed_since: Some(now),
+                },
+            );
+        }
+        let skipped = self.publish(&mut state);
+        for (name, reason) in skipped {
+            warn!(route = %name, %reason, "a saved route cannot be served");
+        }
+    }
+
+    /// Drops restored routes no trigger declared within `idle_after`.
+    pub fn drop_unclaimed(&self, idle_after: Duration) {
+        let mut state = self.lock();
+        let before = state.declared.len();
+        state.declared.retain(|name, declared| {
+            let keep = declared
+                .unclaimed_since
+                .is_none_or(|since| since.elapsed() < idle_after);
+            if !keep {
+                info!(route = %name, "saved route dropped: no trigger declared it again");
+            }
+            keep
+        });
+        if state.declared.len() != before {
+            self.publish(&mut state);
+        }
+    }
+
+    /// New rules and config routes (a reload). Refused whole when a config
+    /// route would take a declared route's claim. Declared routes the new
+    /// rules forbid are removed.
+    pub fn reconfigure(&self, rules: RouteRules) -> Result<(), RouteError> {
+        let mut state = self.lock();
+        for spec in &rules.config_routes {
+            for claim in spec.claims() {
+                if let Some(holder) = state
+                    .declared
+                    .values()
+                    .find(|declared| declared.spec.claims().contains(&claim))
+                {
+                    return Err(RouteError::Taken {
+                        key: match spec.protocol {
+                            Protocol::Http => "interceptor.http_routes",
+                            Protocol::Tcp => "interceptor.tcp_routes",
+                        },
+                        claim: claim.to_string(),
+                        holder: holder.spec.origin(),
+                    });
+                }
+            }
+        }
+        state.rules = rules;
+        let rules = state.rules.clone();
+        let before = state.declared.len();
+        state.declared.retain(|name, declared| match rules.allows(&declared.spec) {
+            Ok(()) => true,
+            Err(error) => {
+                warn!(route = %name, %error, "declared route removed: the reloaded config forbids it");
+                false
+            }
+        });
+        if state.declared.len() != before {
+            self.publish(&mut state);
+        }
+        Ok(())
+    }
+
+    /// Which declared routes each ScaledObject holds, for `/status`.
+    pub fn declared(&self) -> Vec<RouteSpec> {
+        self.snapshot()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new version of the table: to the local interceptor (whose
+    /// refusals are returned), to followers, and to the state file.
+    fn publish(&self, state: &mut State) -> BTreeMap<String, String> {
+        state.version += 1;
+        let routes = routes_in_order(state);
+        let skipped = match &*self.local.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(apply) => apply(&routes),
+            None => BTreeMap::new(),
+        };
+        self.table.send_replace(Arc::new(RouteTable {
+            instance: self.instance.clone(),
+            version: state.version,
+            routes,
+        }));
+        self.changed.notify_one();
+        skipped
+    }
+}
+
+fn routes_in_order(state: &State) -> Vec<RouteSpec> {
+    let mut declared: Vec<&Declared> = state.declared.values().collect();
+    declared.sort_by_key(|declared| declared.order);
+    declared.into_iter().map(|d| d.spec.clone()).collect()
+}
+
+/// Whether another route (config or declared), or hoist itself, holds one
+/// of the route's claims.
+fn check_claims(state: &State, spec: &RouteSpec) -> Result<(), RouteError> {
+    let key = match spec.protocol {
+        Protocol::Http => "host",
+        Protocol::Tcp => "listenPort",
+    };
+    let mut held: HashMap<Claim, String> = HashMap::new();
+    for (port, setting) in &state.rules.reserved {
+        held.insert(Claim::Tcp { port: *port }, format!("hoist itself ({setting})"));
+    }
+    let others = state
+        .rules
+        .config_routes
+        .iter()
+        .chain(state.declared.values().map(|declared| &declared.spec))
+        .filter(|other| other.name != spec.name);
+    for other in others {
+        for claim in other.claims() {
+            held.entry(claim).or_insert_with(|| other.origin());
+        }
+    }
+    match spec.claims().into_iter().find_map(|claim| {
+        let holder = held.get(&claim)?.clone();
+        Some((claim, holder))
+    }) {
+        Some((claim, holder)) => Err(RouteError::Taken {
+            key,
+            claim: claim.to_string(),
+            holder,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn rand_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+}
