@@ -206,6 +206,10 @@ pub struct InterceptorSettings {
     /// port, whose route table (routes ScaledObjects declare) this
     /// interceptor follows.
     pub scaler: Option<String>,
+    /// TLS for the scaler↔interceptor channel (used by the scaler reading
+    /// interceptors, and by interceptors reading the scaler): the other
+    /// side's admin port must then serve TLS (`admin.tls`).
+    pub tls: Option<crate::tls::ClientTlsSettings>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -277,6 +281,7 @@ impl Default for InterceptorSettings {
             allowed_listen_ports: BTreeMap::new(),
             cluster_domain: "cluster.local".to_string(),
             scaler: None,
+            tls: None,
         }
     }
 }
@@ -388,6 +393,7 @@ impl InterceptorSettings {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        validate_channel_tls(self.tls.as_ref())?;
         let invalid = |key: String, reason: String| ConfigError::Invalid { key, reason };
         self.validate_declared_route_rules()?;
         if self.read_timeout > Duration::from_secs(60) {
@@ -546,6 +552,17 @@ pub fn port_range(text: &str) -> Result<(u16, u16), String> {
         return Err(bad());
     }
     Ok((low, high))
+}
+
+/// `[interceptor.tls]`, as far as it can be checked without the files.
+fn validate_channel_tls(tls: Option<&crate::tls::ClientTlsSettings>) -> Result<(), ConfigError> {
+    match tls {
+        Some(tls) => tls.validate().map_err(|error| ConfigError::Invalid {
+            key: format!("interceptor.tls.{}", error.field),
+            reason: error.reason,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Why an address is refused; a URL-shaped one is not shown: it may carry
@@ -1157,6 +1174,43 @@ mod tests {
         assert_eq!(settings.grpc.listen.to_string(), "0.0.0.0:9090");
         assert_eq!(settings.admin.listen.to_string(), "0.0.0.0:9091");
         assert_eq!(settings.polling.default_interval, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn interceptor_tls_is_checked_at_load_naming_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hoist.toml");
+        let head = "[interceptor.tls]\nca_file = \"/etc/hoist/channel/ca.crt\"\n";
+        for (rest, key) in [
+            ("cert_file = \"tls.crt\"\n", "interceptor.tls.key_file"),
+            (
+                "server_name = \"not a name\"\n",
+                "interceptor.tls.server_name",
+            ),
+            (
+                "key_file = \"\"\ncert_file = \"tls.crt\"\n",
+                "interceptor.tls.key_file",
+            ),
+        ] {
+            std::fs::write(&file, format!("{head}{rest}")).unwrap();
+            let error = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap_err();
+            let ConfigError::Invalid { key: got, .. } = &error else {
+                panic!("{rest}: {error}")
+            };
+            assert_eq!(got, key, "{rest}");
+        }
+        std::fs::write(
+            &file,
+            format!("{head}cert_file = \"tls.crt\"\nkey_file = \"tls.key\"\nserver_name = \"hoist-interceptor.hoist.svc\"\n"),
+        )
+        .unwrap();
+        let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
+        let tls = settings.interceptor.tls.expect("[interceptor.tls] is read");
+        assert_eq!(
+            tls.server_name.as_deref(),
+            Some("hoist-interceptor.hoist.svc")
+        );
+        assert_eq!(tls.reload_every, Duration::from_secs(10));
     }
 
     #[test]

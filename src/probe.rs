@@ -21,6 +21,8 @@ pub enum ProbeError {
     },
     #[error("cannot build the client that reads interceptors")]
     Client(#[from] reqwest::Error),
+    #[error("TLS for reading interceptors (interceptor.tls)")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// What one measurement found, in KEDA's terms.
@@ -48,9 +50,12 @@ pub async fn probe(
     let traffic = if settings.interceptor.endpoints.is_empty() {
         None
     } else {
+        let tls = settings.interceptor.tls.as_ref();
+        let tls = tls.map(crate::tls::ClientTls::new).transpose()?;
         let fleet = crate::interceptor::fleet::Fleet::new(
             settings.interceptor.endpoints.clone(),
             settings.interceptor.read_timeout,
+            tls.as_ref(),
         )?;
         Some(crate::interceptor::traffic::Traffic::Remote(
             std::sync::Arc::new(fleet),

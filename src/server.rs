@@ -149,10 +149,13 @@ impl Server {
         let traffic = match &routes {
             Some(routes) => Some(Traffic::Local(routes.clone())),
             None if !settings.interceptor.endpoints.is_empty() => {
+                let tls = settings.interceptor.tls.as_ref();
+                let tls = tls.map(tls::ClientTls::new).transpose()?;
                 let fleet = Arc::new(
                     Fleet::new(
                         settings.interceptor.endpoints.clone(),
                         settings.interceptor.read_timeout,
+                        tls.as_ref(),
                     )
                     .map_err(ServerError::FleetClient)?,
                 );

@@ -276,6 +276,7 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
                 hoist::interceptor::fleet::Fleet::new(
                     vec!["hoist-interceptor.keda.svc.cluster.local:9091".into()],
                     std::time::Duration::from_secs(1),
+                    None,
                 )
                 .unwrap(),
             ),

@@ -305,8 +305,10 @@ fn split_mode_with_tls_and_auth_profiles_agrees_with_the_config_it_renders() {
     assert_ne!(pod_labels(interceptor), pod_labels(scaler));
     let ic = container(interceptor);
     assert_eq!(strings(&ic["args"])[0], "interceptor");
+    // Its admin port takes only hoist's client certificate (mTLS), which
+    // kubelet does not have.
     for (probe, kind_) in probe_kinds(ic) {
-        assert!(kind_.starts_with("HTTP admin /"), "{probe}: {kind_}");
+        assert_eq!(kind_, "tcp admin", "{probe}");
     }
     let ports = container_ports(ic);
     let interceptor_text = config_text(&docs, interceptor);
@@ -386,6 +388,58 @@ fn split_mode_with_tls_and_auth_profiles_agrees_with_the_config_it_renders() {
         section.get("http_routes").is_none(),
         "the routes live in the interceptor"
     );
+
+    // The channel is mTLS: hoist presents the client Secret's certificate
+    // and checks the interceptors' for their Service's name; they serve
+    // the server Secret's and take clients from its CA. Every file is a
+    // key of the Secret the values name, mounted where the config says.
+    let channel: hoist::tls::ClientTlsSettings = section["tls"].clone().try_into().unwrap();
+    channel.validate().unwrap();
+    assert_eq!(
+        channel.server_name.as_deref(),
+        Some(format!("{}.keda.svc", name(discovery)).as_str())
+    );
+    let serving = interceptor_settings.admin.tls.clone().expect("admin TLS");
+    let files = [
+        (scaler, "clientSecretName", channel.ca_file, "ca.crt"),
+        (
+            scaler,
+            "clientSecretName",
+            channel.cert_file.unwrap(),
+            "tls.crt",
+        ),
+        (
+            scaler,
+            "clientSecretName",
+            channel.key_file.unwrap(),
+            "tls.key",
+        ),
+        (
+            interceptor,
+            "serverSecretName",
+            serving.cert_file,
+            "tls.crt",
+        ),
+        (interceptor, "serverSecretName", serving.key_file, "tls.key"),
+        (
+            interceptor,
+            "serverSecretName",
+            serving.client_ca_file.unwrap(),
+            "ca.crt",
+        ),
+    ];
+    for (deployment, secret, file, key) in files {
+        let (volume, inside) = volume_holding(deployment, file.to_str().unwrap());
+        assert_eq!(
+            volume["secret"]["secretName"], values["interceptor"]["tls"][secret],
+            "{file:?}"
+        );
+        let items: Vec<(&str, &str)> = list(&volume["secret"]["items"])
+            .iter()
+            .map(|i| (i["key"].as_str().unwrap(), i["path"].as_str().unwrap()))
+            .collect();
+        assert!(items.contains(&(key, inside.as_str())), "{file:?}");
+    }
     named(&docs, "PodDisruptionBudget", "hoist-interceptor");
     named(&docs, "ConfigMap", "hoist-interceptor");
 }
@@ -524,6 +578,11 @@ fn bad_values_fail_the_render_with_a_reason() {
         (
             "interceptor:\n  mode: split\n  tcpRoutes:\n    - { name: db, listen: \"0.0.0.0:9091\", upstream: db:5432 }\n",
             "port 9091 is used twice",
+        ),
+        // mTLS needs a certificate on each side of the channel.
+        (
+            "interceptor:\n  mode: split\n  tls:\n    serverSecretName: interceptor-tls\n",
+            "clientSecretName",
         ),
     ];
     for (i, (values, reason)) in cases.into_iter().enumerate() {

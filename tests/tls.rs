@@ -4,52 +4,16 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use hoist::config::Settings;
 use hoist::tls::TlsSettings;
 use support::Hoist;
+use support::certs::{Authority, write};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-
-struct Authority {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    pem: String,
-}
-
-impl Authority {
-    fn new(name: &str) -> Self {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let pem = params.self_signed(&key).unwrap().pem();
-        Self {
-            issuer: rcgen::Issuer::new(params, key),
-            pem,
-        }
-    }
-
-    /// A leaf certificate and key, PEM.
-    fn issue(&self, name: &str) -> (String, String) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
-            .unwrap()
-            .signed_by(&key, &self.issuer)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 fn tls_settings(dir: &Path, server: &Authority, client_ca: Option<&Authority>) -> TlsSettings {
     let (cert, key) = server.issue("localhost");

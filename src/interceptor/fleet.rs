@@ -19,6 +19,7 @@ use super::counters::Load;
 use super::report::{HoldsReport, MAX_WAIT, RoutesReport};
 use super::traffic::RouteSelector;
 use crate::scalers::ObserveError;
+use crate::tls::{self, ClientTls};
 
 /// Reads taken this close together share one sweep of the replicas, so
 /// many ScaledObjects cost one request per replica.
@@ -29,7 +30,12 @@ const REDISCOVER_EVERY: Duration = Duration::from_secs(5);
 pub struct Fleet {
     endpoints: Vec<String>,
     read_timeout: Duration,
+    /// `http` or `https` (with `interceptor.tls`).
+    scheme: &'static str,
+    /// Sweeps: one request per replica, bounded by `read_timeout`.
     client: reqwest::Client,
+    /// Cold start watches: long polls of up to `MAX_WAIT`.
+    watch_client: reqwest::Client,
     /// The latest sweep, failed ones too: when every replica is down, N
     /// triggers must not queue up N full timeouts one after another.
     last_sweep: tokio::sync::Mutex<Option<(Instant, SweepResult)>>,
@@ -46,16 +52,29 @@ struct Sweep {
 }
 
 impl Fleet {
-    /// Fails only when no HTTP client can be built (no TLS backend).
-    pub fn new(endpoints: Vec<String>, read_timeout: Duration) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+    /// Reads the replicas over TLS with `tls`, else plain HTTP. Fails only
+    /// when no HTTP client can be built.
+    pub fn new(
+        endpoints: Vec<String>,
+        read_timeout: Duration,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, reqwest::Error> {
+        let (builder, scheme) = tls::client_builder(tls);
+        let client = builder
             .timeout(read_timeout)
             .connect_timeout(read_timeout)
+            .build()?;
+        let (builder, _) = tls::client_builder(tls);
+        let watch_client = builder
+            .connect_timeout(read_timeout)
+            .timeout(MAX_WAIT + read_timeout)
             .build()?;
         Ok(Self {
             endpoints,
             read_timeout,
+            scheme,
             client,
+            watch_client,
             last_sweep: tokio::sync::Mutex::new(None),
             wakers: Mutex::new(HashMap::new()),
         })
@@ -183,7 +202,7 @@ impl Fleet {
     async fn read(&self, address: SocketAddr) -> Result<RoutesReport, String> {
         let response = self
             .client
-            .get(format!("http://{address}/interceptor/routes"))
+            .get(format!("{}://{address}/interceptor/routes", self.scheme))
             .send()
             .await
             .map_err(|error| describe(&error))?;
@@ -252,21 +271,11 @@ impl Fleet {
     }
 
     async fn watch_replica(self: Arc<Self>, address: SocketAddr, shutdown: CancellationToken) {
-        let client = match reqwest::Client::builder()
-            .connect_timeout(self.read_timeout)
-            .timeout(MAX_WAIT + self.read_timeout)
-            .build()
-        {
-            Ok(client) => client,
-            Err(error) => {
-                warn!(%address, error = %describe(&error), "cannot watch an interceptor for cold starts");
-                return;
-            }
-        };
         let mut seen: Option<HoldsReport> = None;
         loop {
             let mut url = format!(
-                "http://{address}/interceptor/holds?wait={}",
+                "{}://{address}/interceptor/holds?wait={}",
+                self.scheme,
                 MAX_WAIT.as_secs()
             );
             if let Some(seen) = &seen {
@@ -278,7 +287,7 @@ impl Fleet {
             }
             let answer = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                answer = client.get(&url).send() => answer,
+                answer = self.watch_client.get(&url).send() => answer,
             };
             let report: HoldsReport = match answer {
                 Ok(response) if response.status().is_success() => match response.json().await {

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this
 
+pub mod certs;
+
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

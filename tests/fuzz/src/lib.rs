@@ -18,6 +18,7 @@ pub fn parse_traffic_metadata(scaler: &str, data: &[u8]) {
             hoist::interceptor::fleet::Fleet::new(
                 vec!["interceptor.invalid:9091".into()],
                 std::time::Duration::from_secs(1),
+                None,
             )
             .expect("an HTTP client"),
         ))),

@@ -119,6 +119,39 @@ every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param
 {{- toJson $out -}}
 {{- end }}
 
+{{/*
+"true" when the split setup's channel is mTLS (interceptor.tls): both
+Secrets or neither.
+*/}}
+{{- define "hoist.channelTLS" -}}
+{{- $tls := .Values.interceptor.tls | default dict -}}
+{{- if and (eq (include "hoist.interceptorMode" .) "split") (or $tls.serverSecretName $tls.clientSecretName) -}}
+{{- if not (and $tls.serverSecretName $tls.clientSecretName) -}}
+{{- fail "interceptor.tls: set both serverSecretName and clientSecretName (mTLS needs a certificate on each side), or neither" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* Where a pod of the split setup finds its channel certificate. */}}
+{{- define "hoist.channelTLSDir" -}}
+/var/run/secrets/hoist-channel
+{{- end }}
+
+{{/* A volume of the channel Secret `secretName`. */}}
+{{- define "hoist.channelTLSVolume" -}}
+- name: channel-tls
+  secret:
+    secretName: {{ . }}
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
+
 {{/* hoist.toml (the scaler's), as a dict encoded in JSON. */}}
 {{- define "hoist.scalerConfig" -}}
 {{- $config := deepCopy (.Values.config | default dict) -}}
@@ -167,7 +200,16 @@ every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param
 {{- $_ := set $generated "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
 {{- else if eq $mode "split" -}}
 {{- $endpoint := printf "%s.%s.svc.cluster.local:%v" (include "hoist.interceptorName" .) .Release.Namespace .Values.ports.admin -}}
-{{- $_ := set $generated "interceptor" (dict "endpoints" (list $endpoint) "read_timeout" .Values.interceptor.readTimeout) -}}
+{{- $section := dict "endpoints" (list $endpoint) "read_timeout" .Values.interceptor.readTimeout -}}
+{{- if include "hoist.channelTLS" . -}}
+{{- $dir := include "hoist.channelTLSDir" . -}}
+{{- $_ := set $section "tls" (dict
+      "ca_file" (printf "%s/ca.crt" $dir)
+      "cert_file" (printf "%s/tls.crt" $dir)
+      "key_file" (printf "%s/tls.key" $dir)
+      "server_name" (printf "%s.%s.svc" (include "hoist.interceptorName" .) .Release.Namespace)) -}}
+{{- end -}}
+{{- $_ := set $generated "interceptor" $section -}}
 {{- end -}}
 {{- toJson (mustMergeOverwrite $config $generated) -}}
 {{- end }}
@@ -178,9 +220,17 @@ every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param
 {{- if not (hasKey $config "shutdown_grace") -}}
 {{- $_ := set $config "shutdown_grace" .Values.interceptor.shutdownGrace -}}
 {{- end -}}
+{{- $admin := dict "listen" (printf "0.0.0.0:%v" .Values.ports.admin) -}}
+{{- if include "hoist.channelTLS" . -}}
+{{- $dir := include "hoist.channelTLSDir" . -}}
+{{- $_ := set $admin "tls" (dict
+      "cert_file" (printf "%s/tls.crt" $dir)
+      "key_file" (printf "%s/tls.key" $dir)
+      "client_ca_file" (printf "%s/ca.crt" $dir)) -}}
+{{- end -}}
 {{- $generated := dict
       "shutdown" (dict "drain_delay" .Values.drainDelay)
-      "admin" (dict "listen" (printf "0.0.0.0:%v" .Values.ports.admin))
+      "admin" $admin
       "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
 {{- toJson (mustMergeOverwrite $config $generated) -}}
 {{- end }}
