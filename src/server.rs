@@ -168,6 +168,7 @@ impl Server {
             registry.register_collector(Box::new(RouteTraffic(routes.clone())));
         }
         let local_routes = interceptor.as_ref().map(Interceptor::control);
+        let http_addr = interceptor.as_ref().and_then(Interceptor::http_addr);
         let proxies = interceptor.map(|interceptor| {
             info!(http = ?interceptor.http_addr(), tcp = ?interceptor.tcp_addrs(), "interceptor is proxying");
             tokio::spawn(interceptor.run(stop.clone()))
@@ -194,7 +195,21 @@ impl Server {
                     cluster_domain: settings.interceptor.cluster_domain.clone(),
                 },
                 assume_applied: settings.engine.assume_applied,
-                routes: traffic.is_some().then(|| route_rules(&settings)),
+                routes: traffic.is_some().then(|| {
+                    route_rules(
+                        &settings,
+                        [
+                            (grpc.local_addr().ok(), "grpc.listen"),
+                            (admin.local_addr().ok(), "admin.listen"),
+                            // Interceptors in their own Deployment use the
+                            // same setting.
+                            (
+                                http_addr.or(Some(settings.interceptor.http_listen)),
+                                "interceptor.http_listen",
+                            ),
+                        ],
+                    )
+                }),
             },
             settings.auth_profiles(),
             metrics.clone(),
@@ -346,13 +361,20 @@ async fn run_interceptor(
     let following = match &settings.interceptor.scaler {
         Some(scaler) => {
             let (status, following) = watch::channel(Default::default());
-            let client = reqwest::Client::builder()
+            let tls = settings
+                .interceptor
+                .tls
+                .as_ref()
+                .map(tls::ClientTls::new)
+                .transpose()?;
+            let (builder, scheme) = tls::client_builder(tls.as_ref());
+            let client = builder
                 .connect_timeout(settings.interceptor.read_timeout)
                 .timeout(crate::routing::api::MAX_WAIT + settings.interceptor.read_timeout)
                 .build()
                 .map_err(ServerError::TableClient)?;
             tokio::spawn(crate::interceptor::follow::follow(
-                format!("http://{scaler}"),
+                format!("{scheme}://{scaler}"),
                 client,
                 interceptor.control(),
                 status,
@@ -427,16 +449,16 @@ fn serve_admin(
 
 /// What ScaledObjects may declare as routes, and what they may not take:
 /// hoist's own ports and the config's routes.
-fn route_rules(settings: &Settings) -> crate::routing::RouteRules {
-    let mut reserved = vec![
-        (settings.grpc.listen.port(), "grpc.listen".to_string()),
-        (settings.admin.listen.port(), "admin.listen".to_string()),
-    ];
-    // Interceptors in their own Deployment use the same setting.
-    reserved.push((
-        settings.interceptor.http_listen.port(),
-        "interceptor.http_listen".to_string(),
-    ));
+/// `bound`: the addresses hoist's listeners got (a port 0 in the settings
+/// is chosen at bind).
+fn route_rules(
+    settings: &Settings,
+    bound: [(Option<SocketAddr>, &str); 3],
+) -> crate::routing::RouteRules {
+    let reserved = bound
+        .into_iter()
+        .filter_map(|(address, key)| Some((address?.port(), key.to_string())))
+        .collect();
     crate::routing::RouteRules {
         interceptor: settings.interceptor.clone(),
         reserved,

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,8 +16,7 @@ use hoist::config::{HttpRouteSettings, Settings, TcpRouteSettings};
 use hoist::interceptor::report::RoutesReport;
 use hoist::proto::external_scaler_client::ExternalScalerClient;
 use http::{Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -26,104 +24,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use support::web::{Body, Upstream, echo, free_addr, full, http1_client, read_head, send};
 use support::{Hoist, eventually, object};
 
 /// How long a test waits for what should happen within milliseconds.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-type Body = BoxBody<Bytes, Infallible>;
-
-fn full(text: impl Into<Bytes>) -> Body {
-    Full::new(text.into()).boxed()
-}
-
-/// A real HTTP server (HTTP/1.1 and h2c, with upgrades) answering with
-/// `handler`; counts the requests it got.
-struct Upstream {
-    addr: SocketAddr,
-    requests: Arc<AtomicUsize>,
-}
-
-impl Upstream {
-    async fn start<F, Fut>(handler: F) -> Self
-    where
-        F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-        Fut: Future<Output = Response<Body>> + Send + 'static,
-    {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        Self::serve(listener, handler)
-    }
-
-    fn serve<F, Fut>(listener: TcpListener, handler: F) -> Self
-    where
-        F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-        Fut: Future<Output = Response<Body>> + Send + 'static,
-    {
-        let addr = listener.local_addr().unwrap();
-        let requests = Arc::new(AtomicUsize::new(0));
-        let counted = requests.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let handler = handler.clone();
-                let counted = counted.clone();
-                let service = hyper::service::service_fn(move |request| {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    let response = handler(request);
-                    async move { Ok::<_, Infallible>(response.await) }
-                });
-                tokio::spawn(async move {
-                    let builder =
-                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let _ = builder
-                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Self { addr, requests }
-    }
-
-    fn requests(&self) -> usize {
-        self.requests.load(Ordering::SeqCst)
-    }
-}
-
-/// Describes what the upstream received.
-async fn echo(request: Request<Incoming>) -> Response<Body> {
-    let header = |name: &str| {
-        request
-            .headers()
-            .get(name)
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or("-")
-            .to_string()
-    };
-    // HTTP/2 carries the host as `:authority`, HTTP/1.1 as `Host`.
-    let host = match request.uri().authority() {
-        Some(authority) if request.version() == http::Version::HTTP_2 => authority.to_string(),
-        _ => header("host"),
-    };
-    let cookies: Vec<_> = request
-        .headers()
-        .get_all("cookie")
-        .iter()
-        .map(|value| value.to_str().unwrap_or("?").to_string())
-        .collect();
-    let text = format!(
-        "host={host} target={} xff={} xfp={} path={} version={:?} private={} cookies={}",
-        request.uri(),
-        header("x-forwarded-for"),
-        header("x-forwarded-proto"),
-        request.uri().path_and_query().map_or("", |p| p.as_str()),
-        request.version(),
-        header("x-private"),
-        cookies.join("|"),
-    );
-    Response::new(full(text))
-}
 
 fn http_route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSettings {
     HttpRouteSettings {
@@ -145,50 +50,16 @@ fn with_routes(http: Vec<HttpRouteSettings>, tcp: Vec<TcpRouteSettings>) -> Sett
     settings
 }
 
-fn http1_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Body> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
 fn h2c_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Body> {
     Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build_http()
 }
 
-async fn send(
-    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Body>,
-    proxy: SocketAddr,
-    host: &str,
-    path: &str,
-) -> (StatusCode, String) {
-    let request = Request::builder()
-        .uri(format!("http://{host}{path}"))
-        .header("host", host)
-        .body(full(""))
-        .unwrap();
-    // The client connects to the URI's authority: point it at the proxy
-    // while keeping the Host header.
-    let (mut parts, body) = request.into_parts();
-    parts.uri = format!("http://{proxy}{path}").parse().unwrap();
-    let response = client
-        .request(Request::from_parts(parts, body))
-        .await
-        .expect("a response");
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
 async fn routes(admin: SocketAddr) -> RoutesReport {
     let (status, body) = support::http_get(admin, "/interceptor/routes").await;
     assert_eq!(status, 200, "{body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
-
-/// A port nobody listens on (yet).
-async fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
 }
 
 #[tokio::test]
@@ -379,16 +250,6 @@ async fn upgrades_pass_through_both_ways() {
     })
     .await;
     hoist.stop().await.unwrap();
-}
-
-async fn read_head(stream: &mut TcpStream) -> String {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        stream.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    String::from_utf8(head).unwrap()
 }
 
 fn tcp_route(name: &str, upstream: SocketAddr) -> TcpRouteSettings {

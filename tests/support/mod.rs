@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this
 
+pub mod web;
+
 pub mod certs;
 
 use std::collections::HashMap;
@@ -378,7 +380,10 @@ impl Hoist {
 
     pub async fn start_with(mut settings: Settings) -> Self {
         settings.grpc.listen = "127.0.0.1:0".parse().unwrap();
-        settings.admin.listen = "127.0.0.1:0".parse().unwrap();
+        // Loopback on a free port, unless the test chose an address.
+        if settings.admin.listen == Settings::default().admin.listen {
+            settings.admin.listen = "127.0.0.1:0".parse().unwrap();
+        }
         let state_dir = isolate(&mut settings);
         let mut hoist = Self::run(Server::bind(settings).await.expect("hoist binds"));
         hoist._state_dir = state_dir;
