@@ -238,3 +238,86 @@ async fn a_rotated_client_certificate_is_presented_on_new_handshakes() {
     let (_, value) = scaler.metric(&rate()).await.unwrap();
     assert!((value - 1.0 / 15.0).abs() < 1e-9, "{value}");
 }
+
+/// The other direction: interceptors follow the scaler's route table on
+/// its admin port, which serves TLS and wants client certificates.
+#[tokio::test]
+async fn an_interceptor_follows_the_scalers_route_table_over_mtls() {
+    const SCALER: &str = "hoist.hoist.svc";
+    let cluster = Cluster::new();
+    let scaler_admin: SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let follower = |tls: Option<ClientTlsSettings>| {
+        let mut settings = Settings::default();
+        settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
+        settings.interceptor.scaler = Some(scaler_admin.to_string());
+        settings.interceptor.tls = tls;
+        Hoist::start_interceptor(settings)
+    };
+    let mut trusted = cluster.channel("interceptor");
+    trusted.server_name = Some(SCALER.into());
+    let interceptor = follower(Some(trusted.clone())).await;
+    // Trusts the scaler but has no client certificate.
+    let anonymous = follower(Some(ClientTlsSettings {
+        cert_file: None,
+        key_file: None,
+        ..trusted
+    }))
+    .await;
+
+    let (cert, key) = cluster.servers.issue(SCALER);
+    let mut settings = Settings::default();
+    settings.admin.listen = scaler_admin;
+    settings.admin.tls = Some(TlsSettings {
+        cert_file: write(cluster.path(), "scaler.crt", &cert),
+        key_file: write(cluster.path(), "scaler.key", &key),
+        client_ca_file: Some(write(
+            cluster.path(),
+            "clients-ca.crt",
+            &cluster.clients.pem,
+        )),
+        reload_every: Duration::from_secs(10),
+    });
+    settings.interceptor.endpoints = vec![interceptor.admin.to_string()];
+    settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
+    let scaler = Hoist::start_with(settings).await;
+    let app = upstream().await;
+    scaler
+        .spec(&object(
+            "shop",
+            &[
+                ("scaler", "http"),
+                ("host", "shop.test"),
+                ("upstream", &app.to_string()),
+            ],
+        ))
+        .await;
+
+    let table = |hoist: &Hoist| {
+        let admin = hoist.admin;
+        async move {
+            let (_, body) = support::http_get(admin, "/interceptor/table").await;
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()
+        }
+    };
+    eventually(Duration::from_secs(10), "the route over mTLS", || async {
+        table(&interceptor).await["following"]["routes"] == 1
+    })
+    .await;
+    assert_eq!(
+        table(&interceptor).await["routes"][0]["name"],
+        "http/default/shop"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the refusal to be reported",
+        || async {
+            table(&anonymous).await["following"]["error"]
+                .as_str()
+                .is_some_and(|error| error.contains("CertificateRequired"))
+        },
+    )
+    .await;
+    assert_eq!(table(&anonymous).await["routes"], serde_json::json!([]));
+}
