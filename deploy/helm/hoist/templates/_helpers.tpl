@@ -81,6 +81,8 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{/* The [interceptor] section of the process that runs the proxies. */}}
 {{- define "hoist.proxySettings" -}}
 {{- $routes := dict "http_listen" (printf "0.0.0.0:%v" .Values.interceptor.httpPort) -}}
+{{- /* Runs even without configured routes: ScaledObjects declare theirs. */ -}}
+{{- $_ := set $routes "enabled" true -}}
 {{- $_ := set $routes "cold_start_timeout" .Values.interceptor.coldStartTimeout -}}
 {{- $_ := set $routes "response_timeout" .Values.interceptor.responseTimeout -}}
 {{- $_ := set $routes "max_held_per_route" .Values.interceptor.maxHeldPerRoute -}}
@@ -228,10 +230,13 @@ true
       "key_file" (printf "%s/tls.key" $dir)
       "client_ca_file" (printf "%s/ca.crt" $dir)) -}}
 {{- end -}}
+{{- $proxy := include "hoist.proxySettings" . | fromJson -}}
+{{- /* Follows the routes ScaledObjects declare, from the scaler's admin port. */ -}}
+{{- $_ := set $proxy "scaler" (printf "%s.%s.svc.cluster.local:%v" (include "hoist.fullname" .) .Release.Namespace .Values.ports.admin) -}}
 {{- $generated := dict
       "shutdown" (dict "drain_delay" .Values.drainDelay)
       "admin" $admin
-      "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
+      "interceptor" $proxy -}}
 {{- toJson (mustMergeOverwrite $config $generated) -}}
 {{- end }}
 
