@@ -341,7 +341,20 @@ fn scaled_object_examples_point_at_the_service_with_metadata_hoist_accepts() {
                     polling_interval: std::time::Duration::from_secs(30),
                     timeout: std::time::Duration::from_secs(3),
                 },
-                &split_setup,
+                // A route the trigger declares belongs to its ScaledObject.
+                &hoist::scalers::Context {
+                    owner: Some(hoist::routing::Owner {
+                        namespace: scaled_object["metadata"]["namespace"]
+                            .as_str()
+                            .unwrap_or("default")
+                            .to_string(),
+                        name: scaled_object["metadata"]["name"]
+                            .as_str()
+                            .unwrap()
+                            .to_string(),
+                    }),
+                    ..split_setup.clone()
+                },
             )
             .unwrap_or_else(|e| panic!("{:?}: {e}", scaled_object["metadata"]["name"]));
         }

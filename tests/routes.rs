@@ -200,6 +200,22 @@ async fn a_claim_is_first_come_and_an_edit_moves_it_in_one_step() {
         "{}",
         refused.message()
     );
+    // Nor a path under it: a host is one owner's.
+    let carver = declare(
+        "carver",
+        &[
+            http_trigger("web.test", second.addr),
+            vec![("pathPrefix", "/admin".into())],
+        ]
+        .concat(),
+    );
+    let refused = hoist.spec_refused(&carver).await;
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(
+        refused.message().contains("ScaledObject default/web"),
+        "{}",
+        refused.message()
+    );
     let port = free_port();
     let tcp = |name: &str| {
         declare(

@@ -109,9 +109,22 @@ struct Live {
     counters: HashMap<String, Arc<RouteCounters>>,
     upstreams: HashMap<String, Arc<Upstream>>,
     http: HashMap<String, Arc<HttpRoute>>,
-    /// By the address asked for (a port 0 binds anew each time).
-    tcp: HashMap<SocketAddr, TcpListening>,
+    /// By the address asked for.
+    tcp: HashMap<ListenKey, TcpListening>,
     http_limit: Option<Arc<ConnectionLimit>>,
+}
+
+/// A TCP listener's identity: the address asked for, and for port 0 (any
+/// free port) the route too, since each such route gets its own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ListenKey(SocketAddr, Option<String>);
+
+impl ListenKey {
+    fn of(spec: &RouteSpec, listen: Listen, http_listen: SocketAddr) -> Self {
+        let address = listen.resolve(http_listen);
+        let route = (address.port() == 0).then(|| spec.name.clone());
+        Self(address, route)
+    }
 }
 
 struct TcpListening {
@@ -266,17 +279,18 @@ impl RouteControl {
 
         // Bind what is new first: a config route that cannot listen
         // refuses the whole change before anything has moved.
-        let mut bound_now: HashMap<SocketAddr, std::net::TcpListener> = HashMap::new();
+        let mut bound_now: HashMap<ListenKey, std::net::TcpListener> = HashMap::new();
         let mut failed = Vec::new();
         for spec in &routes {
             let Some(listen) = spec.listen else { continue };
-            let address = listen.resolve(defaults.http_listen);
-            if live.tcp.contains_key(&address) || bound_now.contains_key(&address) {
+            let key = ListenKey::of(spec, listen, defaults.http_listen);
+            let address = key.0;
+            if live.tcp.contains_key(&key) || bound_now.contains_key(&key) {
                 continue;
             }
             match bind_now(address) {
                 Ok(listener) => {
-                    bound_now.insert(address, listener);
+                    bound_now.insert(key, listener);
                 }
                 Err(source) if spec.owner.is_none() => {
                     return Err(InterceptorError::Bind {
@@ -301,7 +315,7 @@ impl RouteControl {
         let mut http = HashMap::new();
         let mut http_routes = Vec::new();
         let mut infos = BTreeMap::new();
-        let mut tcp_targets: HashMap<SocketAddr, Arc<Upstream>> = HashMap::new();
+        let mut tcp_targets: HashMap<ListenKey, Arc<Upstream>> = HashMap::new();
         for spec in routes {
             let route_counters = live
                 .counters
@@ -352,13 +366,13 @@ impl RouteControl {
                 }
                 Protocol::Tcp => {
                     if let Some(listen) = spec.listen {
-                        let address = listen.resolve(defaults.http_listen);
+                        let key = ListenKey::of(&spec, listen, defaults.http_listen);
                         bound = live
                             .tcp
-                            .get(&address)
+                            .get(&key)
                             .map(|tcp| tcp.bound)
-                            .or_else(|| bound_now.get(&address)?.local_addr().ok());
-                        tcp_targets.insert(address, upstream.clone());
+                            .or_else(|| bound_now.get(&key)?.local_addr().ok());
+                        tcp_targets.insert(key, upstream.clone());
                     }
                 }
             }
@@ -388,15 +402,15 @@ impl RouteControl {
                 Some(_) => {}
             }
         }
-        live.tcp.retain(|address, listening| {
-            let keep = tcp_targets.contains_key(address);
+        live.tcp.retain(|key, listening| {
+            let keep = tcp_targets.contains_key(key);
             if !keep {
                 listening.stop.cancel();
             }
             keep
         });
-        for (address, upstream) in &tcp_targets {
-            if let Some(listening) = live.tcp.get(address) {
+        for (key, upstream) in &tcp_targets {
+            if let Some(listening) = live.tcp.get(key) {
                 listening.target.store(upstream.clone());
                 listening.limit.set_max(defaults.max_connections);
             }
@@ -494,21 +508,21 @@ fn merge(config: &[RouteSpec], declared: &[RouteSpec], defaults: &RouteDefaults)
     let mut routes = Vec::new();
     let mut skipped = BTreeMap::new();
     for spec in config {
-        for claim in spec.claims() {
+        for claim in spec.exclusive_claims() {
             claims.insert(claim, spec.origin());
         }
         routes.push(spec.clone());
     }
     for spec in declared {
         let clash = spec
-            .claims()
+            .exclusive_claims()
             .into_iter()
             .find_map(|claim| claims.get(&claim).map(|holder| (claim, holder.clone())));
         if let Some((claim, holder)) = clash {
             skipped.insert(spec.name.clone(), format!("{claim} is taken by {holder}"));
             continue;
         }
-        for claim in spec.claims() {
+        for claim in spec.exclusive_claims() {
             claims.insert(claim, spec.origin());
         }
         routes.push(spec.clone());

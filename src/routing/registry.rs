@@ -336,11 +336,11 @@ impl Registry {
     pub fn reconfigure(&self, rules: RouteRules) -> Result<(), RouteError> {
         let mut state = self.lock();
         for spec in &rules.config_routes {
-            for claim in spec.claims() {
+            for claim in spec.exclusive_claims() {
                 if let Some(holder) = state
                     .declared
                     .values()
-                    .find(|declared| declared.spec.claims().contains(&claim))
+                    .find(|declared| declared.spec.exclusive_claims().contains(&claim))
                 {
                     return Err(RouteError::Taken {
                         key: match spec.protocol {
@@ -424,11 +424,11 @@ fn check_claims(state: &State, spec: &RouteSpec) -> Result<(), RouteError> {
         .chain(state.declared.values().map(|declared| &declared.spec))
         .filter(|other| other.name != spec.name);
     for other in others {
-        for claim in other.claims() {
+        for claim in other.exclusive_claims() {
             held.entry(claim).or_insert_with(|| other.origin());
         }
     }
-    match spec.claims().into_iter().find_map(|claim| {
+    match spec.exclusive_claims().into_iter().find_map(|claim| {
         let holder = held.get(&claim)?.clone();
         Some((claim, holder))
     }) {

@@ -153,6 +153,22 @@ impl RouteSpec {
         }
     }
 
+    /// What another owner may not share with this route: its hosts
+    /// (whatever the path prefix: a ScaledObject must not carve a path out
+    /// of a host another one serves) or its TCP port.
+    pub fn exclusive_claims(&self) -> Vec<Claim> {
+        self.claims()
+            .into_iter()
+            .map(|claim| match claim {
+                Claim::Http { host, .. } => Claim::Http {
+                    host,
+                    path_prefix: String::new(),
+                },
+                tcp => tcp,
+            })
+            .collect()
+    }
+
     /// Who made this route, for messages.
     pub fn origin(&self) -> String {
         match &self.owner {
