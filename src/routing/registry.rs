@@ -101,7 +101,9 @@ impl RouteRules {
         if let Some(listen) = spec.listen {
             let port = listen.port();
             let allowed = match self.interceptor.listen_ports_for(namespace) {
-                Some(ranges) => ranges.iter().any(|(low, high)| (*low..=*high).contains(&port)),
+                Some(ranges) => ranges
+                    .iter()
+                    .any(|(low, high)| (*low..=*high).contains(&port)),
                 None => port >= 1024,
             };
             if !allowed {
@@ -284,7 +286,11 @@ impl Registry {
         let mut state = self.lock();
         let now = Instant::now();
         for spec in routes {
-            if let Err(error) = state.rules.allows(&spec).and_then(|()| check_claims(&state, &spec)) {
+            if let Err(error) = state
+                .rules
+                .allows(&spec)
+                .and_then(|()| check_claims(&state, &spec))
+            {
                 warn!(route = %spec.name, %error, "not restoring a saved route");
                 continue;
             }
@@ -327,7 +333,16 @@ impl Registry {
     /// New rules and config routes (a reload). Refused whole when a config
     /// route would take a declared route's claim. Declared routes the new
     /// rules forbid are removed.
-    pub fn reconfigure(&self, rules: RouteRules) -> Result<(), RouteError> {
+    ///
+    /// `first` (the interceptor's own change, which may refuse too) runs
+    /// after the check and before the change, under the registry's lock:
+    /// no claim slips in between, and when `first` refuses nothing here
+    /// has changed.
+    pub fn reconfigure<E: From<RouteError>>(
+        &self,
+        rules: RouteRules,
+        first: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
         let mut state = self.lock();
         for spec in &rules.config_routes {
             for claim in spec.claims() {
@@ -343,10 +358,12 @@ impl Registry {
                         },
                         claim: claim.to_string(),
                         holder: holder.spec.origin(),
-                    });
+                    }
+                    .into());
                 }
             }
         }
+        first()?;
         state.rules = rules;
         let rules = state.rules.clone();
         let before = state.declared.len();
@@ -406,7 +423,10 @@ fn check_claims(state: &State, spec: &RouteSpec) -> Result<(), RouteError> {
     };
     let mut held: HashMap<Claim, String> = HashMap::new();
     for (port, setting) in &state.rules.reserved {
-        held.insert(Claim::Tcp { port: *port }, format!("hoist itself ({setting})"));
+        held.insert(
+            Claim::Tcp { port: *port },
+            format!("hoist itself ({setting})"),
+        );
     }
     let others = state
         .rules
