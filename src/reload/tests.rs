@@ -298,7 +298,10 @@ async fn a_port_in_use_is_refused_before_the_registry_changes_and_then_all_appli
     assert!(error.to_string().contains(&port.to_string()), "{error}");
     // Nothing moved: the registry kept its rules and the declared route,
     // the interceptor its routes.
-    assert_eq!(scaler.declared_routes(), [scaler.declared.clone()]);
+    assert_eq!(
+        scaler.declared_routes(),
+        std::slice::from_ref(&scaler.declared)
+    );
     assert!(scaler.serves(&scaler.declared.name));
     assert!(!scaler.serves("extra") && !scaler.serves("db"));
 
