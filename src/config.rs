@@ -355,18 +355,15 @@ impl InterceptorSettings {
         }
         for (namespace, patterns) in &self.allowed_hosts {
             for pattern in patterns {
-                HostPattern::new(&pattern.replace("{namespace}", "namespace")).map_err(
-                    |reason| invalid(&format!("interceptor.allowed_hosts.{namespace}"), reason),
-                )?;
+                HostPattern::new(&pattern.replace("{namespace}", "namespace")).map_err(|reason| {
+                    invalid(&format!("interceptor.allowed_hosts.{namespace}"), reason)
+                })?;
             }
         }
         for (namespace, ranges) in &self.allowed_listen_ports {
             for range in ranges {
                 port_range(range).map_err(|reason| {
-                    invalid(
-                        &format!("interceptor.allowed_listen_ports.{namespace}"),
-                        reason,
-                    )
+                    invalid(&format!("interceptor.allowed_listen_ports.{namespace}"), reason)
                 })?;
             }
         }
@@ -640,9 +637,7 @@ pub struct HostPattern {
 impl HostPattern {
     pub fn new(text: &str) -> Result<Self, String> {
         if text.is_empty() || text.contains([':', '/', ' ', '@']) {
-            return Err(format!(
-                "`{text}` is not a host name pattern (no port, scheme or path)"
-            ));
+            return Err(format!("`{text}` is not a host name pattern (no port, scheme or path)"));
         }
         let pattern = regex::Regex::new(&format!("^{}$", glob(&text.to_ascii_lowercase())))
             .map_err(|e| format!("`{text}`: {e}"))?;

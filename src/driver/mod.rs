@@ -30,12 +30,12 @@ pub use scaling::{
 use arc_swap::ArcSwap;
 
 use crate::cluster::Cluster;
+use crate::routing::{Owner, Registry, RouteError};
 use crate::config::AuthProfiles;
 use crate::engine::{Decision, Rules};
 use crate::metadata::MetadataError;
 use crate::metrics::Metrics;
 use crate::persist::{self, Snapshot};
-use crate::routing::{Owner, Registry, RouteError};
 use crate::trigger::{self, Defaults, ScalingMode, TriggerConfig};
 
 #[derive(Debug, Clone)]
@@ -413,8 +413,7 @@ impl Driver {
             tracked.touch();
             // The ScaledObject's route is the one its trigger asked last:
             // an edit undone (old metadata asked again) takes it back.
-            if let (Some(spec), Some(routes)) = (&tracked.config.trigger.route, &self.inner.routes)
-            {
+            if let (Some(spec), Some(routes)) = (&tracked.config.trigger.route, &self.inner.routes) {
                 routes.claim(key.identity(), spec)?;
             }
             return Ok(tracked.clone());
@@ -468,10 +467,7 @@ impl Driver {
         let declared = config.trigger.route.clone();
         if let Some(spec) = &declared {
             let routes = self.inner.routes.as_ref().ok_or_else(|| {
-                MetadataError::invalid(
-                    "upstream",
-                    "this hoist runs no interceptor to route through",
-                )
+                MetadataError::invalid("upstream", "this hoist runs no interceptor to route through")
             })?;
             routes.claim(key.identity(), spec)?;
         }

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
+use crate::routing::RouteError;
 use crate::driver::{PollError, Reading, TrackError};
 use crate::metadata::MetadataError;
-use crate::routing::RouteError;
 
 /// Everything an ExternalScaler call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -138,11 +138,7 @@ mod tests {
             reason: "`db.other.svc.cluster.local:5432` is not allowed".into(),
         }));
         assert_eq!(denied.code(), Code::PermissionDenied);
-        assert!(
-            denied
-                .to_string()
-                .contains("(interceptor.allowed_upstreams)")
-        );
+        assert!(denied.to_string().contains("(interceptor.allowed_upstreams)"));
         let taken = RpcError::from(TrackError::from(RouteError::Taken {
             key: "host",
             claim: "host `a.example.com`".into(),

@@ -73,7 +73,9 @@ impl Fleet {
         let mut found = BTreeSet::new();
         for report in &sweep.reports {
             for (name, route_report) in &report.routes {
-                if route_report.protocol == protocol && route.selects(name, &route_report.hosts) {
+                if route_report.protocol == protocol
+                    && route.selects(name, &route_report.hosts)
+                {
                     total.add(&route_report.load);
                     found.insert(name.as_str());
                 }

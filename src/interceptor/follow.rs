@@ -61,11 +61,7 @@ pub async fn follow(
             Ok(table) => {
                 if seen.as_ref() != Some(&table) {
                     if seen.as_ref().is_none_or(|seen| seen.routes != table.routes) {
-                        info!(
-                            version = table.version,
-                            routes = table.routes.len(),
-                            "route table from the scaler"
-                        );
+                        info!(version = table.version, routes = table.routes.len(), "route table from the scaler");
                         control.apply_declared(table.routes.clone());
                     }
                     status.send_replace(Following {

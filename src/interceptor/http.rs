@@ -24,11 +24,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::Routes;
 use super::counters::{InFlight, RouteCounters};
 use super::deadline::{Activity, Deadlines};
 use super::http1_pool::{Http1Pool, SendError};
 use super::upstream::{Upstream, UpstreamError};
+use super::Routes;
 use crate::listen::ConnectionLimit;
 use arc_swap::ArcSwap;
 
@@ -301,11 +301,7 @@ async fn proxy(
             );
         }
     };
-    let route = routes
-        .current()
-        .http
-        .find(host, request.uri().path())
-        .cloned();
+    let route = routes.current().http.find(host, request.uri().path()).cloned();
     let Some(route) = route else {
         return plain(
             StatusCode::NOT_FOUND,

@@ -31,13 +31,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::routing::Protocol;
 use crate::config::InterceptorSettings;
 use crate::listen::ConnectionLimit;
-pub use crate::routing::Protocol;
 use crate::routing::RouteSpec;
 use counters::RouteCounters;
-pub use http::ClientLimits;
 use http::HttpRouter;
+pub use http::ClientLimits;
 use table::{RouteControl, RouteDefaults};
 
 /// One route as the counters' readers see it.
@@ -195,10 +195,7 @@ impl Interceptor {
             ClientLimits::from(settings),
             grace,
         );
-        control.apply_config(
-            table::config_routes(settings),
-            RouteDefaults::from(settings),
-        )?;
+        control.apply_config(table::config_routes(settings), RouteDefaults::from(settings))?;
         let limit = control.listener_limit("http".to_string());
         Ok(Self {
             control,

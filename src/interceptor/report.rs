@@ -136,10 +136,7 @@ pub struct TableReport {
 async fn get_table(State(state): State<ReportState>) -> axum::Json<TableReport> {
     let current = state.routes.current();
     axum::Json(TableReport {
-        routes: current
-            .iter()
-            .map(|(_, route)| route.spec.clone())
-            .collect(),
+        routes: current.iter().map(|(_, route)| route.spec.clone()).collect(),
         skipped: current.skipped.clone(),
         following: state.following.as_ref().map(|f| f.borrow().clone()),
     })

@@ -405,8 +405,7 @@ impl RouteControl {
             let Some(upstream) = tcp_targets.get(&address) else {
                 continue;
             };
-            if let Some(listening) = self.serve_tcp(address, listener, upstream.clone(), &defaults)
-            {
+            if let Some(listening) = self.serve_tcp(address, listener, upstream.clone(), &defaults) {
                 live.tcp.insert(address, listening);
             }
         }

@@ -49,9 +49,9 @@ fn selected<'a>(
     protocol: Protocol,
     route: &'a RouteSelector,
 ) -> impl Iterator<Item = (&'a String, &'a super::RouteInfo)> {
-    routes.iter().filter(move |(name, info)| {
-        info.protocol() == protocol && route.selects(name, info.hosts())
-    })
+    routes
+        .iter()
+        .filter(move |(name, info)| info.protocol() == protocol && route.selects(name, info.hosts()))
 }
 
 impl std::fmt::Display for RouteSelector {

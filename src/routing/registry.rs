@@ -101,9 +101,7 @@ impl RouteRules {
         if let Some(listen) = spec.listen {
             let port = listen.port();
             let allowed = match self.interceptor.listen_ports_for(namespace) {
-                Some(ranges) => ranges
-                    .iter()
-                    .any(|(low, high)| (*low..=*high).contains(&port)),
+                Some(ranges) => ranges.iter().any(|(low, high)| (*low..=*high).contains(&port)),
                 None => port >= 1024,
             };
             if !allowed {
@@ -286,11 +284,7 @@ impl Registry {
         let mut state = self.lock();
         let now = Instant::now();
         for spec in routes {
-            if let Err(error) = state
-                .rules
-                .allows(&spec)
-                .and_then(|()| check_claims(&state, &spec))
-            {
+            if let Err(error) = state.rules.allows(&spec).and_then(|()| check_claims(&state, &spec)) {
                 warn!(route = %spec.name, %error, "not restoring a saved route");
                 continue;
             }
@@ -423,10 +417,7 @@ fn check_claims(state: &State, spec: &RouteSpec) -> Result<(), RouteError> {
     };
     let mut held: HashMap<Claim, String> = HashMap::new();
     for (port, setting) in &state.rules.reserved {
-        held.insert(
-            Claim::Tcp { port: *port },
-            format!("hoist itself ({setting})"),
-        );
+        held.insert(Claim::Tcp { port: *port }, format!("hoist itself ({setting})"));
     }
     let others = state
         .rules
