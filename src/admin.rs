@@ -1,5 +1,6 @@
 //! The admin HTTP listener: `/healthz`, `/readyz`, `/metrics`, `/status`
-//! (scaler), `/interceptor/*` (interceptor).
+//! (scaler), `/status/config` (config reloads), `/interceptor/*`
+//! (interceptor).
 
 use std::sync::Arc;
 
@@ -26,6 +27,8 @@ pub struct AdminState {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// True while hoist is serving; false while starting or shutting down.
     pub ready: watch::Receiver<bool>,
+    /// Reloads of the config, when this process reloads it.
+    pub reload: Option<Arc<crate::reload::Reloader>>,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -35,6 +38,9 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics));
     if state.driver.is_some() {
         router = router.route("/status", get(status));
+    }
+    if state.reload.is_some() {
+        router = router.route("/status/config", get(config_status));
     }
     let interceptor = state.interceptor.clone();
     let following = state.following.clone();
@@ -72,8 +78,25 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
 
 async fn status(State(state): State<AdminState>) -> axum::response::Response {
     match &state.driver {
-        Some(driver) => axum::Json(crate::status::snapshot(driver)).into_response(),
+        Some(driver) => {
+            let mut status = crate::status::snapshot(driver);
+            status.config = state.reload.as_ref().map(|reload| reload.status());
+            axum::Json(status).into_response()
+        }
         None => (StatusCode::NOT_FOUND, "no scaler in this process\n").into_response(),
+    }
+}
+
+/// The `config` section of `/status` alone: `hoist interceptor` has no
+/// `/status`.
+async fn config_status(State(state): State<AdminState>) -> axum::response::Response {
+    match &state.reload {
+        Some(reload) => axum::Json(reload.status()).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "this process does not reload its config\n",
+        )
+            .into_response(),
     }
 }
 

@@ -16,6 +16,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod persist;
 pub mod probe;
+pub mod reload;
 pub mod routing;
 #[path = "../scalers/mod.rs"]
 pub mod scalers;

@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
 use hoist::config::{LogFormat, Overrides, Settings};
+use hoist::reload::ConfigSource;
 
 /// hoist: a KEDA external scaler with Azure Container Apps' scaling
 /// behaviour. Point a ScaledObject trigger of type `external` or
@@ -84,6 +85,8 @@ struct DecideArgs {
 #[derive(Args, Clone)]
 struct ConfigArgs {
     /// A TOML configuration file (see README: configuration reference).
+    /// `serve` and `interceptor` read it again on SIGHUP and when its
+    /// content changes (see README: reloading the configuration).
     #[arg(long, short = 'c', value_name = "FILE")]
     config: Option<PathBuf>,
     /// Address for the gRPC ExternalScaler API [default: 0.0.0.0:9090].
@@ -119,16 +122,24 @@ fn key_value(entry: &str) -> Result<(String, String), String> {
 }
 
 impl ConfigArgs {
-    fn load(&self) -> anyhow::Result<Settings> {
+    /// Where the settings come from, to load them now and again at a reload.
+    fn source(&self) -> ConfigSource {
         let overrides = Overrides {
             grpc_listen: self.grpc_listen,
             admin_listen: self.admin_listen,
             log_format: self.log_format,
             log_level: self.log_level.clone(),
         };
-        Settings::load(self.config.as_deref(), std::env::vars(), &overrides)
-            .context("configuration")
+        ConfigSource::new(self.config.clone(), std::env::vars(), overrides)
     }
+
+    fn load(&self) -> anyhow::Result<Settings> {
+        load(&self.source())
+    }
+}
+
+fn load(source: &ConfigSource) -> anyhow::Result<Settings> {
+    source.load().context("configuration")
 }
 
 fn main() -> ExitCode {
@@ -157,22 +168,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
         Command::Serve(args) => {
-            let settings = args.load()?;
+            let source = args.source();
+            let settings = load(&source)?;
             hoist::logging::init(&settings.log);
             open_files_limit();
             for problem in settings.auth_profiles().problems() {
                 tracing::warn!(%problem, "auth profile cannot be resolved yet");
             }
             let server = hoist::server::Server::bind(settings).await?;
-            server.run(termination()).await?;
+            server.reload_from(source).run(termination()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Interceptor(args) => {
-            let settings = args.load()?;
+            let source = args.source();
+            let settings = load(&source)?;
             hoist::logging::init(&settings.log);
             open_files_limit();
             let server = hoist::server::Server::bind_interceptor(settings).await?;
-            server.run(termination()).await?;
+            server.reload_from(source).run(termination()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckConfig(args) => {

@@ -24,6 +24,7 @@ use crate::metrics::Metrics;
 use crate::metrics::RouteTraffic;
 use crate::persist;
 use crate::proto::external_scaler_server::ExternalScalerServer;
+use crate::reload::{ConfigSource, Reloader, Targets};
 use crate::tls::{self, TlsListener};
 use crate::trigger::Defaults;
 
@@ -66,6 +67,8 @@ pub struct Server {
     grpc: Option<TcpListener>,
     admin: TcpListener,
     interceptor: Option<Interceptor>,
+    /// Where to read the config again (SIGHUP, a changed file).
+    reload: Option<ConfigSource>,
 }
 
 impl Server {
@@ -84,6 +87,7 @@ impl Server {
             grpc: Some(grpc),
             admin,
             interceptor,
+            reload: None,
         })
     }
 
@@ -99,7 +103,15 @@ impl Server {
             grpc: None,
             admin,
             interceptor: Some(interceptor),
+            reload: None,
         })
+    }
+
+    /// Reloads the config from `source` on SIGHUP and when its file
+    /// changes, while serving.
+    pub fn reload_from(mut self, source: ConfigSource) -> Self {
+        self.reload = Some(source);
+        self
     }
 
     /// The gRPC address; none for `hoist interceptor`.
@@ -135,9 +147,10 @@ impl Server {
             grpc,
             admin,
             interceptor,
+            reload,
         } = self;
         let Some(grpc) = grpc else {
-            return run_interceptor(settings, admin, interceptor, shutdown).await;
+            return run_interceptor(settings, admin, interceptor, reload, shutdown).await;
         };
         let metrics = Arc::new(Metrics::new());
         let mut registry = Registry::default();
@@ -174,42 +187,20 @@ impl Server {
             tokio::spawn(interceptor.run(stop.clone()))
         });
         let driver = Driver::new(
-            DriverSettings {
-                defaults: Defaults {
-                    polling_interval: settings.polling.default_interval,
-                    timeout: settings.polling.default_timeout,
-                },
-                idle_after: settings.polling.idle_after,
-                max_metadata_bytes: settings.limits.max_metadata_bytes,
-                max_tracked_triggers: settings.limits.max_tracked_triggers,
-                max_tracked_metadata_bytes: settings.limits.max_tracked_metadata_bytes,
-                allowed_sources: settings
-                    .limits
-                    .allowed_sources
-                    .iter()
-                    .filter_map(|pattern| SourcePattern::new(pattern).ok())
-                    .collect(),
-                context: crate::scalers::Context {
-                    traffic: traffic.clone(),
-                    owner: None,
-                    cluster_domain: settings.interceptor.cluster_domain.clone(),
-                },
-                assume_applied: settings.engine.assume_applied,
-                routes: traffic.is_some().then(|| {
-                    route_rules(
-                        &settings,
-                        [
-                            (grpc.local_addr().ok(), "grpc.listen"),
-                            (admin.local_addr().ok(), "admin.listen"),
-                            // Interceptors in their own Deployment use the
-                            // same setting.
-                            (
-                                http_addr.or(Some(settings.interceptor.http_listen)),
-                                "interceptor.http_listen",
-                            ),
-                        ],
-                    )
-                }),
+            {
+                let mut driver_settings = driver_settings(&settings, traffic.clone());
+                // A port 0 in the settings is chosen at bind: claim the real one.
+                if let Some(rules) = &mut driver_settings.routes {
+                    rules.reserved = reserved_ports([
+                        (grpc.local_addr().ok(), "grpc.listen"),
+                        (admin.local_addr().ok(), "admin.listen"),
+                        (
+                            http_addr.or(Some(settings.interceptor.http_listen)),
+                            "interceptor.http_listen",
+                        ),
+                    ]);
+                }
+                driver_settings
             },
             settings.auth_profiles(),
             metrics.clone(),
@@ -219,6 +210,14 @@ impl Server {
         if let (Some(control), Some(routes)) = (&local_routes, driver.routes()) {
             control.serve_declared(&routes);
         }
+        let reload = reload.map(|source| {
+            let targets = Targets {
+                interceptor: local_routes.clone(),
+                driver: Some(driver.clone()),
+                traffic: traffic.clone(),
+            };
+            watch_config(source, &settings, targets, &mut registry, &cancel)
+        });
         if let Some(cluster) = Cluster::connect(&settings.kubernetes, cancel.clone()).await? {
             driver.set_cluster(cluster);
         }
@@ -287,6 +286,7 @@ impl Server {
             following: None,
             shutdown: stop.clone(),
             ready,
+            reload,
         });
         // The admin port answers until the end: `/readyz` says 503 while
         // the rest shuts down, instead of refusing connections.
@@ -353,6 +353,7 @@ async fn run_interceptor(
     settings: Settings,
     admin: TcpListener,
     interceptor: Option<Interceptor>,
+    reload: Option<ConfigSource>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let interceptor = interceptor.ok_or(ServerError::NoRoutes)?;
@@ -386,6 +387,14 @@ async fn run_interceptor(
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(RouteTraffic(routes.clone())));
+    let reload = reload.map(|source| {
+        let targets = Targets {
+            interceptor: Some(interceptor.control()),
+            driver: None,
+            traffic: None,
+        };
+        watch_config(source, &settings, targets, &mut registry, &stop)
+    });
     let (ready_tx, ready) = watch::channel(false);
     let admin_addr = admin.local_addr().ok();
     let admin_router = admin::router(AdminState {
@@ -395,6 +404,7 @@ async fn run_interceptor(
         following,
         shutdown: stop.clone(),
         ready,
+        reload,
     });
     let admin_stop = CancellationToken::new();
     let admin_task = serve_admin(&settings, admin, admin_router, &admin_stop)?;
@@ -447,6 +457,69 @@ fn serve_admin(
     })
 }
 
+/// Starts reloading the config (see [`crate::reload`]), with its metrics.
+fn watch_config(
+    source: ConfigSource,
+    settings: &Settings,
+    targets: Targets,
+    registry: &mut Registry,
+    cancel: &CancellationToken,
+) -> Arc<Reloader> {
+    let reloader = Arc::new(Reloader::new(source, settings.clone(), targets));
+    reloader.register(registry);
+    reloader.watch(cancel.clone());
+    reloader
+}
+
+/// The driver's part of the settings, at start and at every reload;
+/// `traffic` is where this process reads the interceptor (fixed at start).
+pub(crate) fn driver_settings(settings: &Settings, traffic: Option<Traffic>) -> DriverSettings {
+    DriverSettings {
+        defaults: Defaults {
+            polling_interval: settings.polling.default_interval,
+            timeout: settings.polling.default_timeout,
+        },
+        idle_after: settings.polling.idle_after,
+        max_metadata_bytes: settings.limits.max_metadata_bytes,
+        max_tracked_triggers: settings.limits.max_tracked_triggers,
+        max_tracked_metadata_bytes: settings.limits.max_tracked_metadata_bytes,
+        allowed_sources: settings
+            .limits
+            .allowed_sources
+            .iter()
+            .filter_map(|pattern| SourcePattern::new(pattern).ok())
+            .collect(),
+        routes: traffic.is_some().then(|| {
+            route_rules(
+                settings,
+                [
+                    (Some(settings.grpc.listen), "grpc.listen"),
+                    (Some(settings.admin.listen), "admin.listen"),
+                    // Interceptors in their own Deployment use the same
+                    // setting.
+                    (
+                        Some(settings.interceptor.http_listen),
+                        "interceptor.http_listen",
+                    ),
+                ],
+            )
+        }),
+        context: crate::scalers::Context {
+            traffic,
+            owner: None,
+            cluster_domain: settings.interceptor.cluster_domain.clone(),
+        },
+        assume_applied: settings.engine.assume_applied,
+    }
+}
+
+fn reserved_ports(bound: [(Option<SocketAddr>, &str); 3]) -> Vec<(u16, String)> {
+    bound
+        .into_iter()
+        .filter_map(|(address, key)| Some((address?.port(), key.to_string())))
+        .collect()
+}
+
 /// What ScaledObjects may declare as routes, and what they may not take:
 /// hoist's own ports and the config's routes.
 /// `bound`: the addresses hoist's listeners got (a port 0 in the settings
@@ -455,10 +528,7 @@ fn route_rules(
     settings: &Settings,
     bound: [(Option<SocketAddr>, &str); 3],
 ) -> crate::routing::RouteRules {
-    let reserved = bound
-        .into_iter()
-        .filter_map(|(address, key)| Some((address?.port(), key.to_string())))
-        .collect();
+    let reserved = reserved_ports(bound);
     crate::routing::RouteRules {
         interceptor: settings.interceptor.clone(),
         reserved,

@@ -18,6 +18,9 @@ pub struct Status {
     /// Kubernetes access (engine mode's replica counts), when configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesStatus>,
+    /// Reloads of hoist's config, when it reloads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<crate::reload::ConfigStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -292,6 +295,7 @@ pub fn snapshot(driver: &Driver) -> Status {
             server: cluster.server().to_string(),
             error: cluster.watch_error(),
         }),
+        config: None,
     }
 }
 
@@ -406,6 +410,19 @@ pub fn table(status: &Status) -> String {
     if let Some(error) = status.kubernetes.as_ref().and_then(|k| k.error.as_ref()) {
         out.push_str(&format!("kubernetes: {error}\n"));
     }
+    if let Some(config) = &status.config {
+        if let Some(error) = config
+            .last_reload
+            .as_ref()
+            .and_then(|last| last.error.as_ref())
+        {
+            out.push_str(&format!("config: last reload refused: {error}\n"));
+        }
+        if !config.restart_needed.is_empty() {
+            let keys = config.restart_needed.join(", ");
+            out.push_str(&format!("config: changed, and take a restart: {keys}\n"));
+        }
+    }
     out
 }
 
@@ -507,6 +524,7 @@ mod tests {
                 },
             ],
             kubernetes: None,
+            config: None,
         };
         let table = table(&status);
         let expected = "\

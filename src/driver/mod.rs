@@ -486,14 +486,17 @@ impl Driver {
 
     /// Settings from a reloaded config, for triggers tracked from now on
     /// (tracked ones keep what they were checked against). Refused whole
-    /// when the new config routes take a declared route's claim.
-    pub fn reconfigure(
+    /// when the new config routes take a declared route's claim, or when
+    /// `first` refuses: see [`Registry::reconfigure`].
+    pub fn reconfigure<E: From<RouteError>>(
         &self,
         settings: DriverSettings,
         profiles: AuthProfiles,
-    ) -> Result<(), RouteError> {
-        if let (Some(routes), Some(rules)) = (&self.inner.routes, &settings.routes) {
-            routes.reconfigure(rules.clone())?;
+        first: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
+        match (&self.inner.routes, &settings.routes) {
+            (Some(routes), Some(rules)) => routes.reconfigure(rules.clone(), first)?,
+            _ => first()?,
         }
         self.inner.settings.store(Arc::new(settings));
         self.inner.profiles.store(Arc::new(profiles));

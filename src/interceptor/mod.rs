@@ -36,7 +36,8 @@ use crate::listen::ConnectionLimit;
 pub use crate::routing::Protocol;
 use crate::routing::RouteSpec;
 use counters::RouteCounters;
-use http::{ClientLimits, HttpRouter};
+pub use http::ClientLimits;
+use http::HttpRouter;
 use table::{RouteControl, RouteDefaults};
 
 /// One route as the counters' readers see it.

@@ -415,13 +415,12 @@ impl RouteControl {
                 listening.limit.set_max(defaults.max_connections);
             }
         }
-        for (address, listener) in bound_now {
-            let Some(upstream) = tcp_targets.get(&address) else {
+        for (key, listener) in bound_now {
+            let Some(upstream) = tcp_targets.get(&key) else {
                 continue;
             };
-            if let Some(listening) = self.serve_tcp(address, listener, upstream.clone(), &defaults)
-            {
-                live.tcp.insert(address, listening);
+            if let Some(listening) = self.serve_tcp(key.0, listener, upstream.clone(), &defaults) {
+                live.tcp.insert(key, listening);
             }
         }
         if let Some(limit) = &live.http_limit {

@@ -333,7 +333,16 @@ impl Registry {
     /// New rules and config routes (a reload). Refused whole when a config
     /// route would take a declared route's claim. Declared routes the new
     /// rules forbid are removed.
-    pub fn reconfigure(&self, rules: RouteRules) -> Result<(), RouteError> {
+    ///
+    /// `first` (the interceptor's own change, which may refuse too) runs
+    /// after the check and before the change, under the registry's lock:
+    /// no claim slips in between, and when `first` refuses nothing here
+    /// has changed.
+    pub fn reconfigure<E: From<RouteError>>(
+        &self,
+        rules: RouteRules,
+        first: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
         let mut state = self.lock();
         for spec in &rules.config_routes {
             for claim in spec.exclusive_claims() {
@@ -349,10 +358,12 @@ impl Registry {
                         },
                         claim: claim.to_string(),
                         holder: holder.spec.origin(),
-                    });
+                    }
+                    .into());
                 }
             }
         }
+        first()?;
         state.rules = rules;
         let rules = state.rules.clone();
         let before = state.declared.len();
