@@ -187,28 +187,33 @@ impl Server {
             tokio::spawn(interceptor.run(stop.clone()))
         });
         let driver = Driver::new(
-            {
-                let mut driver_settings = driver_settings(&settings, traffic.clone());
-                // A port 0 in the settings is chosen at bind: claim the real one.
-                if let Some(rules) = &mut driver_settings.routes {
-                    rules.reserved = reserved_ports([
-                        (grpc.local_addr().ok(), "grpc.listen"),
-                        (admin.local_addr().ok(), "admin.listen"),
-                        (
-                            http_addr.or(Some(settings.interceptor.http_listen)),
-                            "interceptor.http_listen",
-                        ),
-                    ]);
-                }
-                driver_settings
-            },
+            driver_settings(&settings, traffic.clone()),
             settings.auth_profiles(),
             metrics.clone(),
             cancel.clone(),
         );
         registry.register_collector(Box::new(TriggerValues(driver.clone())));
-        if let (Some(control), Some(routes)) = (&local_routes, driver.routes()) {
-            control.serve_declared(&routes);
+        if let Some(routes) = driver.routes() {
+            // A port 0 in the settings is chosen at bind: reserve the real
+            // one. Interceptors in their own Deployment use the same
+            // `http_listen` setting.
+            let bound = [
+                (grpc.local_addr().ok(), "grpc.listen"),
+                (admin.local_addr().ok(), "admin.listen"),
+                (
+                    http_addr.or(Some(settings.interceptor.http_listen)),
+                    "interceptor.http_listen",
+                ),
+            ];
+            routes.reserve(
+                bound
+                    .into_iter()
+                    .filter_map(|(address, key)| Some((address?.port(), key.to_string())))
+                    .collect(),
+            );
+            if let Some(control) = &local_routes {
+                control.serve_declared(&routes);
+            }
         }
         let reload = reload.map(|source| {
             let targets = Targets {
@@ -489,20 +494,9 @@ pub(crate) fn driver_settings(settings: &Settings, traffic: Option<Traffic>) -> 
             .iter()
             .filter_map(|pattern| SourcePattern::new(pattern).ok())
             .collect(),
-        routes: traffic.is_some().then(|| {
-            route_rules(
-                settings,
-                [
-                    (Some(settings.grpc.listen), "grpc.listen"),
-                    (Some(settings.admin.listen), "admin.listen"),
-                    // Interceptors in their own Deployment use the same
-                    // setting.
-                    (
-                        Some(settings.interceptor.http_listen),
-                        "interceptor.http_listen",
-                    ),
-                ],
-            )
+        routes: traffic.is_some().then(|| crate::routing::RouteRules {
+            interceptor: settings.interceptor.clone(),
+            config_routes: crate::interceptor::table::config_routes(&settings.interceptor),
         }),
         context: crate::scalers::Context {
             traffic,
@@ -510,29 +504,6 @@ pub(crate) fn driver_settings(settings: &Settings, traffic: Option<Traffic>) -> 
             cluster_domain: settings.interceptor.cluster_domain.clone(),
         },
         assume_applied: settings.engine.assume_applied,
-    }
-}
-
-fn reserved_ports(bound: [(Option<SocketAddr>, &str); 3]) -> Vec<(u16, String)> {
-    bound
-        .into_iter()
-        .filter_map(|(address, key)| Some((address?.port(), key.to_string())))
-        .collect()
-}
-
-/// What ScaledObjects may declare as routes, and what they may not take:
-/// hoist's own ports and the config's routes.
-/// `bound`: the addresses hoist's listeners got (a port 0 in the settings
-/// is chosen at bind).
-fn route_rules(
-    settings: &Settings,
-    bound: [(Option<SocketAddr>, &str); 3],
-) -> crate::routing::RouteRules {
-    let reserved = reserved_ports(bound);
-    crate::routing::RouteRules {
-        interceptor: settings.interceptor.clone(),
-        reserved,
-        config_routes: crate::interceptor::table::config_routes(&settings.interceptor),
     }
 }
 

@@ -52,8 +52,6 @@ pub struct RouteTable {
 #[derive(Debug, Clone)]
 pub struct RouteRules {
     pub interceptor: InterceptorSettings,
-    /// Ports hoist listens on itself, with the setting that says so.
-    pub reserved: Vec<(u16, String)>,
     /// Routes of hoist's config: they hold their claims first.
     pub config_routes: Vec<RouteSpec>,
 }
@@ -141,6 +139,9 @@ impl std::fmt::Debug for Registry {
 
 struct State {
     rules: RouteRules,
+    /// Ports hoist listens on itself, with the setting that says so: its
+    /// listeners are bound once, so a reload leaves these alone.
+    reserved: Vec<(u16, String)>,
     declared: BTreeMap<String, Declared>,
     version: u64,
     /// Gives each new route its place in claim order.
@@ -168,6 +169,7 @@ impl Registry {
             instance,
             state: Mutex::new(State {
                 rules,
+                reserved: Vec::new(),
                 declared: BTreeMap::new(),
                 version: 0,
                 next_order: 0,
@@ -175,6 +177,12 @@ impl Registry {
             local: Mutex::new(None),
             changed,
         }
+    }
+
+    /// The ports hoist's own listeners are bound to (`setting`: the key
+    /// that names each), which no route may take. Set once at start.
+    pub fn reserve(&self, ports: Vec<(u16, String)>) {
+        self.lock().reserved = ports;
     }
 
     /// Hands every change to this process's interceptor, starting now.
@@ -245,12 +253,8 @@ impl Registry {
                 state.declared.insert(name.clone(), previous);
             }
             self.publish(&mut state);
-            let key = match spec.protocol {
-                Protocol::Http => "host",
-                Protocol::Tcp => "listenPort",
-            };
             return Err(RouteError::Unservable {
-                key,
+                key: claim_key(spec.protocol),
                 reason: reason.clone(),
             });
         }
@@ -380,11 +384,6 @@ impl Registry {
         Ok(())
     }
 
-    /// Which declared routes each ScaledObject holds, for `/status`.
-    pub fn declared(&self) -> Vec<RouteSpec> {
-        self.snapshot()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -417,12 +416,9 @@ fn routes_in_order(state: &State) -> Vec<RouteSpec> {
 /// Whether another route (config or declared), or hoist itself, holds one
 /// of the route's claims.
 fn check_claims(state: &State, spec: &RouteSpec) -> Result<(), RouteError> {
-    let key = match spec.protocol {
-        Protocol::Http => "host",
-        Protocol::Tcp => "listenPort",
-    };
+    let key = claim_key(spec.protocol);
     let mut held: HashMap<Claim, String> = HashMap::new();
-    for (port, setting) in &state.rules.reserved {
+    for (port, setting) in &state.reserved {
         held.insert(
             Claim::Tcp { port: *port },
             format!("hoist itself ({setting})"),
@@ -449,6 +445,14 @@ fn check_claims(state: &State, spec: &RouteSpec) -> Result<(), RouteError> {
             holder,
         }),
         None => Ok(()),
+    }
+}
+
+/// The metadata key that makes a route's claims.
+fn claim_key(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Http => "host",
+        Protocol::Tcp => "listenPort",
     }
 }
 
