@@ -44,7 +44,9 @@ const SETTLE: Duration = Duration::from_millis(200);
 /// TLS and keepalives (`grpc`, `admin`, `interceptor.http_listen`), the
 /// log, the state file, shutdown timing, the Kubernetes client, which
 /// parts run (`interceptor.enabled`, `endpoints`, `scaler`) and the
-/// clients built at start (`interceptor.read_timeout`). A reload keeps
+/// clients built at start (`interceptor.read_timeout`, `interceptor.tls`:
+/// the scaler's reads of interceptors and an interceptor's reads of the
+/// scaler keep the client they started with). A reload keeps
 /// their value in force and names those that changed.
 pub const RESTART_ONLY: &[&str] = &[
     "grpc",
@@ -59,6 +61,7 @@ pub const RESTART_ONLY: &[&str] = &[
     "interceptor.endpoints",
     "interceptor.scaler",
     "interceptor.read_timeout",
+    "interceptor.tls",
 ];
 
 /// Why a new config was refused; the one in force stays.

@@ -39,6 +39,8 @@ max_tracked_triggers = 7
 http_listen = "127.0.0.1:7180"
 cold_start_timeout = "5s"
 allowed_upstreams = ["*.example.com:*"]
+[interceptor.tls]
+ca_file = "/etc/hoist/channel/ca.crt"
 [auth.orders]
 password = "a-secret"
 "#,
@@ -50,7 +52,8 @@ password = "a-secret"
             "grpc.listen",
             "log.level",
             "state_file",
-            "interceptor.http_listen"
+            "interceptor.http_listen",
+            "interceptor.tls"
         ]
     );
 
@@ -61,6 +64,10 @@ password = "a-secret"
     assert_eq!(
         kept.interceptor.http_listen,
         running.interceptor.http_listen
+    );
+    assert_eq!(
+        kept.interceptor.tls, None,
+        "the channel's clients keep theirs"
     );
     // Everything else is the new config's.
     assert_eq!(kept.limits, loaded.limits);
