@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/deps.sh redis-server redis-tools
+# procps: `kill`, with which tests/reload.rs sends SIGHUP to a real hoist.
+scripts/deps.sh redis-server redis-tools procps
 # helm, for tests/helm.rs (renders deploy/helm/hoist); see scripts/helm.sh.
 scripts/helm.sh
 # For tests/validate.rs: buildah (builds the image, scripts/image.sh) and
