@@ -35,4 +35,5 @@ FUZZ_SECONDS="${FUZZ_SECONDS:-5}" scripts/fuzz-smoke.sh
 # Benchmarks are built (they must keep compiling) but not run: timing
 # belongs to `cargo bench`, never to pass/fail tests.
 cargo build --locked --benches
-cargo test --locked --lib --bins --tests "$@"
+# --no-fail-fast: every test binary runs, so one failure does not hide others.
+cargo test --locked --no-fail-fast --lib --bins --tests "$@"

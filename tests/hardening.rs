@@ -23,6 +23,7 @@ use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
+use support::web::AppPort;
 use support::{Hoist, RedisServer, eventually, object};
 
 /// How long a test waits for what should happen within a second or so.
@@ -58,12 +59,6 @@ async fn upstream() -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(host_echo(listener));
     addr
-}
-
-/// A port nobody listens on (yet): an app at zero.
-async fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
 }
 
 fn route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSettings {
@@ -181,8 +176,8 @@ async fn silent_trickling_and_idle_connections_are_closed() {
 
 #[tokio::test]
 async fn a_request_held_past_the_idle_timeout_is_not_cut_off() {
-    let address = free_addr().await;
-    let mut settings = web_to(address);
+    let app = AppPort::reserve();
+    let mut settings = web_to(app.addr);
     settings.interceptor.first_byte_timeout = Duration::from_millis(200);
     settings.interceptor.idle_timeout = Duration::from_millis(300);
     let hoist = Hoist::start_with(settings).await;
@@ -197,7 +192,7 @@ async fn a_request_held_past_the_idle_timeout_is_not_cut_off() {
     .await;
     // Held for several idle timeouts before the app starts.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    tokio::spawn(host_echo(TcpListener::bind(address).await.unwrap()));
+    tokio::spawn(host_echo(app.listen()));
     let answer = request.await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("host=web.test"), "{answer}");
@@ -308,7 +303,8 @@ async fn shutdown_answers_held_requests_at_once_and_admin_says_not_ready() {
             kept.push(stream);
         }
     });
-    let cold_addr = free_addr().await;
+    let cold = AppPort::reserve(); // never comes up
+    let cold_addr = cold.addr;
     let mut settings = with_routes(vec![
         route("hung", "hung.test", hung_addr),
         route("cold", "cold.test", cold_addr),
@@ -649,8 +645,8 @@ async fn http2_clients_are_told_the_stream_cap() {
 
 #[tokio::test]
 async fn a_vanished_http2_client_is_found_by_pings_and_its_hold_released() {
-    let address = free_addr().await;
-    let mut settings = web_to(address);
+    let app = AppPort::reserve(); // never comes up
+    let mut settings = web_to(app.addr);
     settings.interceptor.http2_keepalive_interval = Duration::from_millis(300);
     settings.interceptor.http2_keepalive_timeout = Duration::from_millis(300);
     let hoist = Hoist::start_with(settings).await;

@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use support::web::{Body, Upstream, echo, free_addr, full, http1_client, read_head, send};
+use support::web::{AppPort, Body, Upstream, echo, full, http1_client, read_head, send};
 use support::{Hoist, eventually, object};
 
 /// How long a test waits for what should happen within milliseconds.
@@ -311,7 +311,8 @@ async fn next_activity(stream: &mut tonic::Streaming<hoist::proto::IsActiveRespo
 
 #[tokio::test]
 async fn a_cold_start_holds_the_request_pushes_activation_and_forwards_it_once() {
-    let upstream_addr = free_addr().await;
+    let app = AppPort::reserve();
+    let upstream_addr = app.addr;
     let hoist = Hoist::start_with(with_routes(
         vec![http_route("web", "web.test", upstream_addr)],
         vec![],
@@ -337,7 +338,7 @@ async fn a_cold_start_holds_the_request_pushes_activation_and_forwards_it_once()
     assert!(!request.is_finished());
 
     // The app comes up on its port: the held request goes through, once.
-    let listener = TcpListener::bind(upstream_addr).await.unwrap();
+    let listener = app.listen();
     let upstream = Upstream::serve(listener, echo);
     let (status, body) = request.await.unwrap();
     assert_eq!(status, StatusCode::OK);
@@ -349,7 +350,8 @@ async fn a_cold_start_holds_the_request_pushes_activation_and_forwards_it_once()
 
 #[tokio::test]
 async fn held_requests_time_out_with_504_and_past_the_cap_get_503() {
-    let nobody = free_addr().await;
+    let app = AppPort::reserve(); // never comes up
+    let nobody = app.addr;
     let mut route = http_route("web", "web.test", nobody);
     route.cold_start_timeout = Some(Duration::from_millis(400));
     let mut settings = with_routes(vec![route], vec![tcp_route("db", nobody)]);
@@ -387,7 +389,8 @@ async fn held_requests_time_out_with_504_and_past_the_cap_get_503() {
 
 #[tokio::test]
 async fn trigger_metadata_is_checked_against_the_routes() {
-    let upstream = free_addr().await;
+    let app = AppPort::reserve();
+    let upstream = app.addr;
     let hoist = Hoist::start_with(with_routes(
         vec![http_route("web", "web.test", upstream)],
         vec![tcp_route("db", upstream)],
@@ -529,7 +532,8 @@ async fn a_scaler_sums_three_interceptors_and_is_not_stalled_by_a_hung_one() {
 
 #[tokio::test]
 async fn a_cold_start_at_a_remote_interceptor_is_pushed_at_once() {
-    let upstream_addr = free_addr().await;
+    let app = AppPort::reserve();
+    let upstream_addr = app.addr;
     let interceptor = Hoist::start_interceptor(with_routes(
         vec![http_route("web", "web.test", upstream_addr)],
         vec![],
@@ -554,7 +558,7 @@ async fn a_cold_start_at_a_remote_interceptor_is_pushed_at_once() {
         "pushed long before the 15 s poll"
     );
 
-    let upstream = Upstream::serve(TcpListener::bind(upstream_addr).await.unwrap(), echo);
+    let upstream = Upstream::serve(app.listen(), echo);
     let (status, _) = request.await.unwrap();
     assert_eq!(status, StatusCode::OK);
     assert_eq!(upstream.requests(), 1);
@@ -566,7 +570,8 @@ async fn a_cold_start_at_a_remote_interceptor_is_pushed_at_once() {
 
 #[tokio::test]
 async fn in_engine_mode_a_cold_start_is_decided_and_pushed_at_once() {
-    let upstream_addr = free_addr().await;
+    let app = AppPort::reserve();
+    let upstream_addr = app.addr;
     let mut settings = with_routes(vec![http_route("web", "web.test", upstream_addr)], vec![]);
     settings.engine.assume_applied = true;
     let hoist = Hoist::start_with(settings).await;
@@ -601,7 +606,7 @@ async fn in_engine_mode_a_cold_start_is_decided_and_pushed_at_once() {
         "one replica's worth (replicas × target): {value}"
     );
 
-    let upstream = Upstream::serve(TcpListener::bind(upstream_addr).await.unwrap(), echo);
+    let upstream = Upstream::serve(app.listen(), echo);
     assert_eq!(request.await.unwrap().0, StatusCode::OK);
     assert_eq!(upstream.requests(), 1);
     hoist.stop().await.unwrap();
@@ -609,7 +614,8 @@ async fn in_engine_mode_a_cold_start_is_decided_and_pushed_at_once() {
 
 #[tokio::test]
 async fn an_h2c_upstream_holds_each_request_on_its_own_and_caps_them() {
-    let upstream_addr = free_addr().await;
+    let app = AppPort::reserve();
+    let upstream_addr = app.addr;
     let mut route = http_route("grpc-app", "grpc.test", upstream_addr);
     route.upstream_http2 = true;
     let mut settings = with_routes(vec![route], vec![]);
@@ -631,7 +637,7 @@ async fn an_h2c_upstream_holds_each_request_on_its_own_and_caps_them() {
     let (status, body) = send(&h2c_client(), proxy, "grpc.test", "/third").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
 
-    let upstream = Upstream::serve(TcpListener::bind(upstream_addr).await.unwrap(), echo);
+    let upstream = Upstream::serve(app.listen(), echo);
     for request in held {
         let (status, body) = request.await.unwrap();
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -757,7 +763,8 @@ async fn http1_trailers_pass_through() {
 
 #[tokio::test]
 async fn clients_that_leave_while_held_release_their_place() {
-    let upstream_addr = free_addr().await;
+    let app = AppPort::reserve();
+    let upstream_addr = app.addr;
     let hoist = Hoist::start_with(with_routes(
         vec![http_route("web", "web.test", upstream_addr)],
         vec![tcp_route("db", upstream_addr)],
@@ -781,7 +788,7 @@ async fn clients_that_leave_while_held_release_their_place() {
     .await;
 
     // When the app comes up, nobody who left is connected to it.
-    let listener = TcpListener::bind(upstream_addr).await.unwrap();
+    let listener = app.listen();
     let accepted = tokio::time::timeout(Duration::from_millis(500), listener.accept()).await;
     assert!(accepted.is_err(), "a connection for a client that left");
     hoist.stop().await.unwrap();

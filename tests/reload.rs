@@ -14,6 +14,7 @@ use hoist::reload::ConfigStatus;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use support::web::AppPort;
 use support::{eventually, free_port, http_get, wait_until};
 
 /// How long a test waits for what should happen within a few seconds
@@ -288,7 +289,8 @@ async fn upgraded(proxy: SocketAddr, host: &str) -> TcpStream {
 #[tokio::test]
 async fn a_configmap_update_adds_routes_while_held_requests_and_upgrades_carry_on() {
     let proxy = free_addr();
-    let app_a = free_addr(); // not up yet: its requests are held
+    let app_a_port = AppPort::reserve(); // not up yet: its requests are held
+    let app_a = app_a_port.addr;
     let sockets = echo_app(true).await;
     let routes = [("a", "a.test", app_a), ("b", "b.test", sockets)];
     let mut map = ConfigMap::new(&config(proxy, &routes, &[], ""));
@@ -320,7 +322,7 @@ async fn a_configmap_update_adds_routes_while_held_requests_and_upgrades_carry_o
 
     // A's app comes up: the request held since before the reload goes
     // through; the upgraded connection still echoes.
-    http_app(TcpListener::bind(app_a).await.unwrap(), "a");
+    http_app(app_a_port.listen(), "a");
     let (status, response) = held.await.unwrap();
     assert_eq!(status, 200, "{response}");
     assert!(response.ends_with("hello from a"), "{response}");
@@ -344,7 +346,8 @@ async fn a_configmap_update_adds_routes_while_held_requests_and_upgrades_carry_o
 #[tokio::test]
 async fn sighup_after_an_edit_in_place_removes_and_adds_routes_in_the_interceptor() {
     let proxy = free_addr();
-    let (gone, app_b) = (free_addr(), started_http_app("b").await);
+    let gone_port = AppPort::reserve(); // never comes up
+    let (gone, app_b) = (gone_port.addr, started_http_app("b").await);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("interceptor.toml");
     let first = [("gone", "gone.test", gone), ("b", "b.test", app_b)];

@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::Code;
 
-use support::web::{Upstream, echo, free_addr, http1_client, send};
+use support::web::{AppPort, Upstream, echo, http1_client, send};
 use support::{Hoist, eventually, free_port, object};
 
 /// How long a test waits for what should happen within a second.
@@ -97,7 +97,8 @@ async fn tcp_round_trip(addr: SocketAddr) -> Option<String> {
 async fn a_declared_route_serves_at_once_and_holds_through_a_cold_start() {
     let hoist = Hoist::start_with(in_process()).await;
     let proxy = hoist.http_proxy.expect("the HTTP proxy listens");
-    let upstream_addr = free_addr().await;
+    let app = AppPort::reserve();
+    let upstream_addr = app.addr;
     // Before any ScaledObject declares it, the host is unknown.
     let (status, _) = send(&http1_client(), proxy, "shop.test", "/").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -138,7 +139,7 @@ async fn a_declared_route_serves_at_once_and_holds_through_a_cold_start() {
         hoist.active(&scaled).await.unwrap(),
         "a held request activates"
     );
-    let listener = TcpListener::bind(upstream_addr).await.unwrap();
+    let listener = app.listen();
     let upstream = Upstream::serve(listener, echo);
     let (status, body) = request.await.unwrap();
     assert_eq!(status, StatusCode::OK);
@@ -496,7 +497,8 @@ async fn a_route_goes_with_its_scaled_object_and_held_requests_get_503() {
     settings.polling.idle_after = Duration::from_secs(1);
     let hoist = Hoist::start_with(settings).await;
     let proxy = hoist.http_proxy.unwrap();
-    let scaled = declare("gone", &http_trigger("gone.test", free_addr().await));
+    let app = AppPort::reserve(); // never comes up
+    let scaled = declare("gone", &http_trigger("gone.test", app.addr));
     hoist.spec(&scaled).await;
     let request = tokio::spawn(async move { send(&http1_client(), proxy, "gone.test", "/").await });
     // KEDA stops asking: the trigger is dropped, and its route with it.

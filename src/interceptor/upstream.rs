@@ -7,12 +7,13 @@
 //! opens. One probe per upstream retries while anyone is held, so a cold
 //! start costs one connection attempt every 25 ms, however many wait.
 
+use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -271,7 +272,7 @@ impl Upstream {
     /// counts as closed after ATTEMPT_TIMEOUT, not after the deadline.
     async fn attempt(&self, deadline: Instant) -> Result<TcpStream, String> {
         let until = deadline.min(Instant::now() + ATTEMPT_TIMEOUT);
-        match tokio::time::timeout_at(until, TcpStream::connect(self.address.as_str())).await {
+        match tokio::time::timeout_at(until, connect_to(self.address.as_str())).await {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
                 Ok(stream)
@@ -336,7 +337,7 @@ impl Upstream {
                 .map(|(_, addresses)| addresses.as_slice())
                 .unwrap_or_default();
             if !addresses.is_empty() {
-                match tokio::time::timeout(ATTEMPT_TIMEOUT, TcpStream::connect(addresses)).await {
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, connect_to(addresses)).await {
                     Ok(Ok(_)) => {
                         debug!(route = %self.route, upstream = %self.address, "upstream accepts connections; releasing held requests");
                         self.reached();
@@ -352,5 +353,56 @@ impl Upstream {
             }
             tokio::time::sleep(RETRY_EVERY).await;
         }
+    }
+}
+
+/// Connects to an upstream. A local upstream whose port is in the
+/// ephemeral range and has nothing listening can be "reached" by the
+/// kernel picking that very port as the source (a TCP simultaneous open
+/// with itself): the gate would open and the proxy would read its own
+/// requests back as the app's answers. Such a connection counts as refused.
+async fn connect_to(addresses: impl ToSocketAddrs) -> io::Result<TcpStream> {
+    refuse_self_connection(TcpStream::connect(addresses).await?)
+}
+
+fn refuse_self_connection(stream: TcpStream) -> io::Result<TcpStream> {
+    if stream.local_addr()? == stream.peer_addr()? {
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "nothing listens on the port (the connection reached itself)",
+        ));
+    }
+    Ok(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_to_itself_counts_as_refused() {
+        // What the kernel does by chance when it picks the destination
+        // port as the source, done on purpose.
+        let socket = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .unwrap();
+        socket
+            .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap();
+        let itself = socket.local_addr().unwrap();
+        socket.connect(&itself).unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let stream = TcpStream::from_std(socket.into()).unwrap();
+        assert_eq!(stream.peer_addr().unwrap(), stream.local_addr().unwrap());
+
+        let error = refuse_self_connection(stream).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused);
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let app = connect_to(listener.local_addr().unwrap()).await;
+        assert!(app.is_ok(), "a listening app is reached: {app:?}");
     }
 }

@@ -139,10 +139,34 @@ pub async fn send(
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
-/// A port nobody listens on (yet).
-pub async fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
+/// The port of an app that is not up yet (an app at zero). The port stays
+/// bound, not listening, for as long as this lives: connections to it are
+/// refused, and no other socket (another test's listener, or an outgoing
+/// connection's source port) can take it meanwhile. `listen` starts the
+/// app on it. (A port that was free a moment ago guarantees none of that.)
+pub struct AppPort {
+    socket: socket2::Socket,
+    pub addr: SocketAddr,
+}
+
+impl AppPort {
+    pub fn reserve() -> Self {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+        // No SO_REUSEADDR: that is what keeps others off the port.
+        socket
+            .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap();
+        let addr = socket.local_addr().unwrap().as_socket().unwrap();
+        Self { socket, addr }
+    }
+
+    /// The app comes up: the reserved port starts listening.
+    pub fn listen(self) -> TcpListener {
+        self.socket.listen(1024).unwrap();
+        self.socket.set_nonblocking(true).unwrap();
+        TcpListener::from_std(self.socket.into()).unwrap()
+    }
 }
 
 pub async fn read_head(stream: &mut TcpStream) -> String {
