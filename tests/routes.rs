@@ -515,7 +515,7 @@ async fn a_route_goes_with_its_scaled_object_and_held_requests_get_503() {
 
 /// Two interceptors in their own Deployment follow the scaler's table.
 #[tokio::test]
-async fn split_interceptors_learn_a_new_route_and_keep_it_while_the_scaler_is_away() {
+async fn split_interceptors_learn_a_new_route_and_keep_it_while_the_scaler_is_away_or_settling() {
     let scaler_admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut interceptors = Vec::new();
     for _ in 0..2 {
@@ -528,6 +528,7 @@ async fn split_interceptors_learn_a_new_route_and_keep_it_while_the_scaler_is_aw
     scaler.admin.listen = scaler_admin;
     scaler.interceptor.endpoints = interceptors.iter().map(|i| i.admin.to_string()).collect();
     scaler.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
+    let scaler_settings = scaler.clone();
     let scaler = Hoist::start_with(scaler).await;
     let upstream = Upstream::start(echo).await;
 
@@ -579,4 +580,56 @@ async fn split_interceptors_learn_a_new_route_and_keep_it_while_the_scaler_is_aw
         .await;
         assert_eq!(status, StatusCode::OK);
     }
+
+    // It comes back without its routes (no state file): while it settles,
+    // the interceptors keep the route it lacks, beside the ones it is told.
+    let mut restarted = scaler_settings;
+    restarted.polling.idle_after = Duration::from_secs(5);
+    let scaler = Hoist::start_with(restarted).await;
+    for interceptor in &interceptors {
+        eventually(
+            PATIENCE,
+            "the interceptor to follow the new run, carrying the route",
+            || async {
+                let following = &table(interceptor.admin).await["following"];
+                following["error"].is_null() && following["carried"] == 1
+            },
+        )
+        .await;
+    }
+    let cart = Upstream::start(echo).await;
+    scaler
+        .spec(&declare("cart", &http_trigger("cart.test", cart.addr)))
+        .await;
+    for interceptor in &interceptors {
+        let proxy = interceptor.http_proxy.unwrap();
+        eventually(PATIENCE, "the new run's route to serve", || async {
+            send(&http1_client(), proxy, "cart.test", "/").await.0 == StatusCode::OK
+        })
+        .await;
+        let (status, body) = send(&http1_client(), proxy, "shop.test", "/").await;
+        assert_eq!(status, StatusCode::OK, "the carried route serves: {body}");
+        let following = &table(interceptor.admin).await["following"];
+        assert_eq!(following["settling"], true, "{following}");
+    }
+
+    // Settled (`idle_after` later) without shop declared again: it goes.
+    for interceptor in &interceptors {
+        let proxy = interceptor.http_proxy.unwrap();
+        eventually(
+            PATIENCE * 2,
+            "the carried route to go when the scaler settles",
+            || async {
+                send(&http1_client(), proxy, "shop.test", "/").await.0 == StatusCode::NOT_FOUND
+            },
+        )
+        .await;
+        let following = &table(interceptor.admin).await["following"];
+        assert_eq!(
+            (&following["settling"], &following["carried"]),
+            (&Value::Bool(false), &Value::from(0)),
+            "{following}"
+        );
+    }
+    scaler.stop().await.unwrap();
 }

@@ -46,6 +46,14 @@ pub struct RouteTable {
     pub instance: String,
     pub version: u64,
     pub routes: Vec<RouteSpec>,
+    /// This run started without the routes of the run before (no state
+    /// file, or nothing saved in it) and has not yet waited
+    /// `polling.idle_after` for triggers to declare theirs again: the table
+    /// may lack routes that still exist. A follower keeps what an earlier
+    /// run gave it meanwhile, so a restart of the scaler does not take
+    /// routes away from running interceptors.
+    #[serde(default)]
+    pub settling: bool,
 }
 
 /// What declared routes may be, from hoist's config; a reload replaces it.
@@ -146,6 +154,9 @@ struct State {
     version: u64,
     /// Gives each new route its place in claim order.
     next_order: u64,
+    /// Set from the start until saved routes are restored or
+    /// `polling.idle_after` has passed (see [`RouteTable::settling`]).
+    settling_since: Option<Instant>,
 }
 
 struct Declared {
@@ -165,6 +176,7 @@ impl Registry {
                 instance: instance.clone(),
                 version: 0,
                 routes: Vec::new(),
+                settling: true,
             })),
             instance,
             state: Mutex::new(State {
@@ -173,6 +185,7 @@ impl Registry {
                 declared: BTreeMap::new(),
                 version: 0,
                 next_order: 0,
+                settling_since: Some(Instant::now()),
             }),
             local: Mutex::new(None),
             changed,
@@ -289,6 +302,8 @@ impl Registry {
     pub fn restore(&self, routes: Vec<RouteSpec>) {
         let mut state = self.lock();
         let now = Instant::now();
+        // What the run before had is known: the table is whole.
+        state.settling_since = None;
         for spec in routes {
             if let Err(error) = state
                 .rules
@@ -316,9 +331,18 @@ impl Registry {
         }
     }
 
-    /// Drops restored routes no trigger declared within `idle_after`.
+    /// Drops restored routes no trigger declared within `idle_after`, and
+    /// ends a start's settling after as long: every trigger still in use
+    /// has been asked about by then.
     pub fn drop_unclaimed(&self, idle_after: Duration) {
         let mut state = self.lock();
+        let settled = state
+            .settling_since
+            .is_some_and(|since| since.elapsed() >= idle_after);
+        if settled {
+            state.settling_since = None;
+            info!("route table settled: followers drop routes no trigger declared since the start");
+        }
         let before = state.declared.len();
         state.declared.retain(|name, declared| {
             let keep = declared
@@ -329,7 +353,7 @@ impl Registry {
             }
             keep
         });
-        if state.declared.len() != before {
+        if settled || state.declared.len() != before {
             self.publish(&mut state);
         }
     }
@@ -401,6 +425,7 @@ impl Registry {
             instance: self.instance.clone(),
             version: state.version,
             routes,
+            settling: state.settling_since.is_some(),
         }));
         self.changed.notify_one();
         skipped
@@ -459,4 +484,72 @@ fn claim_key(protocol: Protocol) -> &'static str {
 fn rand_seed() -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Registry {
+        let rules = RouteRules {
+            interceptor: InterceptorSettings::default(),
+            config_routes: Vec::new(),
+        };
+        Registry::new(rules, Arc::new(Notify::new()))
+    }
+
+    fn shop_route() -> RouteSpec {
+        serde_json::from_value(serde_json::json!({
+            "name": "http/default/shop",
+            "protocol": "http",
+            "owner": { "namespace": "default", "name": "shop" },
+            "hosts": ["shop.test"],
+            "upstream": "shop.default.svc.cluster.local:80",
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_without_saved_routes_settles_after_idle_after() {
+        let idle_after = Duration::from_secs(60);
+        let registry = registry();
+        let mut table = registry.table();
+        assert!(table.borrow_and_update().settling);
+        registry.claim(b"shop-trigger", &shop_route()).unwrap();
+        assert!(
+            table.borrow_and_update().settling,
+            "one declaration says nothing of the others"
+        );
+
+        tokio::time::advance(idle_after - Duration::from_secs(1)).await;
+        registry.drop_unclaimed(idle_after);
+        assert!(!table.has_changed().unwrap(), "not settled yet");
+
+        tokio::time::advance(Duration::from_secs(1)).await;
+        registry.drop_unclaimed(idle_after);
+        assert!(
+            table.has_changed().unwrap(),
+            "settling ends in a new version"
+        );
+        let settled = table.borrow_and_update().clone();
+        assert!(!settled.settling);
+        assert_eq!(settled.routes, vec![shop_route()], "declared routes stay");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn saved_routes_make_the_table_whole_at_once() {
+        let registry = registry();
+        registry.restore(vec![shop_route()]);
+        let table = registry.table().borrow().clone();
+        assert!(!table.settling);
+        assert_eq!(table.routes, vec![shop_route()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_empty_state_file_still_settles_the_table() {
+        // A state file saved with no routes: the run before had none.
+        let registry = registry();
+        registry.restore(Vec::new());
+        assert!(!registry.table().borrow().settling);
+    }
 }
