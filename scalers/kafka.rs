@@ -121,8 +121,8 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
     let (_, bootstrap_servers) = params
         .list(&["bootstrapServers"], &[Metadata, Env])
         .ok_or_else(|| MetadataError::missing("bootstrapServers", "list the brokers, host:port, comma-separated"))?;
-    if bootstrap_servers.iter().any(|server| !super::plain_address(server)) {
-        return Err(MetadataError::invalid("bootstrapServers", super::NOT_PLAIN_ADDRESS));
+    if bootstrap_servers.iter().any(|server| !crate::config::plain_address(server)) {
+        return Err(MetadataError::invalid("bootstrapServers", crate::config::NOT_PLAIN_ADDRESS));
     }
     let consumer_group = params
         .required(&["consumerGroup"], &[Metadata, Env], "name the consumer group whose lag to measure")?

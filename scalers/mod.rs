@@ -218,16 +218,6 @@ pub fn parse(scaler: &str, params: &Params, context: &Context) -> Result<Trigger
     ))
 }
 
-/// Why an address was refused without showing it: a URL-shaped value may
-/// carry a password.
-pub const NOT_PLAIN_ADDRESS: &str = "must be host:port, without a scheme, credentials or path (the value is not shown: it may hold a secret)";
-
-/// Whether an address is a bare `host:port` (no `user:pass@`, no
-/// `scheme://`, no path, no spaces), so that it can be shown in logs.
-pub fn plain_address(address: &str) -> bool {
-    !address.contains(['@', '/']) && !address.chars().any(char::is_whitespace)
-}
-
 /// A metric name KEDA and the HPA accept: every character outside
 /// `[A-Za-z0-9_-]` becomes `-` (a superset of KEDA's `NormalizeString`).
 pub fn metric_name(raw: &str) -> String {

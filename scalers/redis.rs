@@ -249,8 +249,8 @@ fn join_host_port(host: &str, port: &str) -> String {
 /// `host:port`, `[v6]:port`, or a bare host (port 6379). An empty host
 /// means this machine, as in Go's dialer.
 fn split_host_port(address: &str) -> Result<(String, u16), String> {
-    if !super::plain_address(address) {
-        return Err(super::NOT_PLAIN_ADDRESS.to_string());
+    if !crate::config::plain_address(address) {
+        return Err(crate::config::NOT_PLAIN_ADDRESS.to_string());
     }
     let (host, port) = if let Some(rest) = address.strip_prefix('[') {
         let (host, after) = rest

@@ -279,8 +279,8 @@ fn declared_route(
 /// namespace; a longer name is taken as written.
 fn qualified_upstream(upstream: &str, namespace: &str, cluster_domain: &str) -> Result<String, String> {
     let bad = || format!("`{upstream}` is not `service:port`, `service.namespace:port` or `host:port`");
-    if !crate::scalers::plain_address(upstream) {
-        return Err(crate::scalers::NOT_PLAIN_ADDRESS.to_string());
+    if !crate::config::plain_address(upstream) {
+        return Err(crate::config::NOT_PLAIN_ADDRESS.to_string());
     }
     let (host, port) = upstream.rsplit_once(':').ok_or_else(bad)?;
     if host.is_empty() || port.parse::<u16>().ok().filter(|port| *port != 0).is_none() || host.contains(['/', '@', ' ']) {

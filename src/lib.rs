@@ -2,6 +2,7 @@
 //! behaviour. See README.md for the map of the layers.
 
 pub mod admin;
+pub mod auth_profiles;
 pub mod azure;
 pub mod cluster;
 pub mod config;

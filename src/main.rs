@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
+use hoist::auth_profiles::AuthProfiles;
 use hoist::config::{LogFormat, Overrides, Settings};
 use hoist::reload::ConfigSource;
 
@@ -172,7 +173,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let settings = load(&source)?;
             hoist::logging::init(&settings.log);
             open_files_limit();
-            for problem in settings.auth_profiles().problems() {
+            for problem in AuthProfiles::from_settings(&settings).problems() {
                 tracing::warn!(%problem, "auth profile cannot be resolved yet");
             }
             let server = hoist::server::Server::bind(settings).await?;
@@ -191,7 +192,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig(args) => {
             let settings = args.load()?;
             print!("{}", toml::to_string_pretty(&settings.masked())?);
-            let problems = settings.auth_profiles().problems();
+            let problems = AuthProfiles::from_settings(&settings).problems();
             for problem in &problems {
                 eprintln!("error: {problem}");
             }

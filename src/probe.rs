@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::auth_profiles::AuthProfiles;
 use crate::config::Settings;
 use crate::driver::PollError;
 use crate::metadata::MetadataError;
@@ -65,7 +66,12 @@ pub async fn probe(
         traffic,
         ..Default::default()
     };
-    let config = trigger::parse(metadata, &settings.auth_profiles(), defaults, &context)?;
+    let config = trigger::parse(
+        metadata,
+        &AuthProfiles::from_settings(settings),
+        defaults,
+        &context,
+    )?;
     let trigger = &config.trigger;
     let outcome = tokio::time::timeout(config.timeout, trigger.query.source.observe()).await;
     let value = match outcome {

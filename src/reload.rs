@@ -18,6 +18,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::auth_profiles::AuthProfiles;
 use crate::config::{ConfigError, Overrides, Settings};
 use crate::driver::Driver;
 use crate::interceptor::table::{RouteControl, RouteDefaults, config_routes};
@@ -217,7 +218,7 @@ impl Targets {
         match &self.driver {
             Some(driver) => driver.reconfigure(
                 crate::server::driver_settings(settings, self.traffic.clone()),
-                settings.auth_profiles(),
+                AuthProfiles::from_settings(settings),
                 routes,
             )?,
             None => routes()?,
@@ -306,7 +307,7 @@ impl Reloader {
                         "configuration reloaded; these settings changed and take a restart to apply"
                     );
                 }
-                for problem in settings.auth_profiles().problems() {
+                for problem in AuthProfiles::from_settings(&settings).problems() {
                     warn!(%problem, "auth profile cannot be resolved yet");
                 }
                 state.running = settings;

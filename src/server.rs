@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::admin::{self, AdminState};
+use crate::auth_profiles::AuthProfiles;
 use crate::cluster::Cluster;
 use crate::config::Settings;
 use crate::driver::{Driver, DriverSettings, SourcePattern, TriggerValues};
@@ -19,9 +20,9 @@ use crate::grpc::ScalerService;
 use crate::grpc::edge::EdgeLayer;
 use crate::interceptor::Interceptor;
 use crate::interceptor::fleet::Fleet;
+use crate::interceptor::route_metrics::RouteTraffic;
 use crate::interceptor::traffic::Traffic;
 use crate::metrics::Metrics;
-use crate::metrics::RouteTraffic;
 use crate::persist;
 use crate::proto::external_scaler_server::ExternalScalerServer;
 use crate::reload::{ConfigSource, Reloader, Targets};
@@ -188,7 +189,7 @@ impl Server {
         });
         let driver = Driver::new(
             driver_settings(&settings, traffic.clone()),
-            settings.auth_profiles(),
+            AuthProfiles::from_settings(&settings),
             metrics.clone(),
             cancel.clone(),
         );

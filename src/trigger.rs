@@ -4,12 +4,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::config::AuthProfiles;
+use crate::auth_profiles::AuthProfiles;
+use crate::config::{MAX_POLLING_INTERVAL, MAX_TIMEOUT_MS};
 use crate::engine::Rules;
-use crate::engine::rules::MAX_POLLING_INTERVAL;
 
-/// The longest per-call timeout hoist accepts: one hour.
-pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
 use crate::metadata::{AuthParams, MetadataError, Origin, Params};
 use crate::scalers::{self, Trigger};
 

@@ -9,7 +9,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use hoist::config::{AuthProfiles, AuthValue};
+use hoist::auth_profiles::AuthProfiles;
+use hoist::config::AuthValue;
 use hoist::metadata::{AuthParams, Params};
 use hoist::scalers::redis::{Mode, RedisConfig, parse_config};
 use hoist::trigger::{self, Defaults};

@@ -393,7 +393,7 @@ fn split_mode_with_tls_and_auth_profiles_agrees_with_the_config_it_renders() {
     // and checks the interceptors' for their Service's name; they serve
     // the server Secret's and take clients from its CA. Every file is a
     // key of the Secret the values name, mounted where the config says.
-    let channel: hoist::tls::ClientTlsSettings = section["tls"].clone().try_into().unwrap();
+    let channel: hoist::config::ClientTlsSettings = section["tls"].clone().try_into().unwrap();
     channel.validate().unwrap();
     assert_eq!(
         channel.server_name.as_deref(),

@@ -10,9 +10,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use hoist::config::{ClientTlsSettings, TlsSettings};
 use hoist::config::{HttpRouteSettings, Settings};
 use hoist::proto::ScaledObjectRef;
-use hoist::tls::{ClientTlsSettings, TlsSettings};
 use support::certs::{Authority, write};
 use support::{Hoist, eventually, object};
 

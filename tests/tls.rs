@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hoist::config::Settings;
-use hoist::tls::TlsSettings;
+use hoist::config::TlsSettings;
 use support::Hoist;
 use support::certs::{Authority, write};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};

@@ -8,7 +8,27 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::metadata::{AuthParams, MetadataError};
+mod tls;
+
+pub use tls::{ClientTlsInvalid, ClientTlsSettings, TlsSettings};
+
+/// The longest polling interval hoist accepts, in seconds: one day (a
+/// ScaledObject's `pollingInterval` and `polling.default_interval`).
+pub const MAX_POLLING_INTERVAL: u64 = 86_400;
+
+/// The longest per-call timeout hoist accepts, in milliseconds: one hour
+/// (a trigger's `timeout` and `polling.default_timeout`).
+pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
+
+/// Why an address was refused without showing it: a URL-shaped value may
+/// carry a password.
+pub const NOT_PLAIN_ADDRESS: &str = "must be host:port, without a scheme, credentials or path (the value is not shown: it may hold a secret)";
+
+/// Whether an address is a bare `host:port` (no `user:pass@`, no
+/// `scheme://`, no path, no spaces), so that it can be shown in logs.
+pub fn plain_address(address: &str) -> bool {
+    !address.contains(['@', '/']) && !address.chars().any(char::is_whitespace)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -209,7 +229,7 @@ pub struct InterceptorSettings {
     /// TLS for the scaler↔interceptor channel (used by the scaler reading
     /// interceptors, and by interceptors reading the scaler): the other
     /// side's admin port must then serve TLS (`admin.tls`).
-    pub tls: Option<crate::tls::ClientTlsSettings>,
+    pub tls: Option<ClientTlsSettings>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -558,7 +578,7 @@ pub fn port_range(text: &str) -> Result<(u16, u16), String> {
 }
 
 /// `[interceptor.tls]`, as far as it can be checked without the files.
-fn validate_channel_tls(tls: Option<&crate::tls::ClientTlsSettings>) -> Result<(), ConfigError> {
+fn validate_channel_tls(tls: Option<&ClientTlsSettings>) -> Result<(), ConfigError> {
     match tls {
         Some(tls) => tls.validate().map_err(|error| ConfigError::Invalid {
             key: format!("interceptor.tls.{}", error.field),
@@ -571,17 +591,17 @@ fn validate_channel_tls(tls: Option<&crate::tls::ClientTlsSettings>) -> Result<(
 /// Why an address is refused; a URL-shaped one is not shown: it may carry
 /// a password.
 fn not_host_port(address: &str) -> String {
-    if crate::scalers::plain_address(address) {
+    if plain_address(address) {
         format!("`{address}` is not host:port")
     } else {
-        crate::scalers::NOT_PLAIN_ADDRESS.to_string()
+        NOT_PLAIN_ADDRESS.to_string()
     }
 }
 
 /// A `host:port` with a numeric port and nothing else.
 fn host_port(address: &str) -> bool {
     address.rsplit_once(':').is_some_and(|(host, port)| {
-        !host.is_empty() && port.parse::<u16>().is_ok() && crate::scalers::plain_address(address)
+        !host.is_empty() && port.parse::<u16>().is_ok() && plain_address(address)
     })
 }
 
@@ -676,7 +696,7 @@ impl HostPattern {
 pub struct GrpcSettings {
     pub listen: SocketAddr,
     /// TLS for the gRPC port (KEDA: `enableTLS`, `caCert`, client certs).
-    pub tls: Option<crate::tls::TlsSettings>,
+    pub tls: Option<TlsSettings>,
     /// How often each connection is pinged (HTTP/2); a peer that does not
     /// answer within `keepalive_timeout` is dropped with its streams.
     #[serde(with = "humantime_serde")]
@@ -706,7 +726,7 @@ pub struct ShutdownSettings {
 #[serde(default, deny_unknown_fields)]
 pub struct AdminSettings {
     pub listen: SocketAddr,
-    pub tls: Option<crate::tls::TlsSettings>,
+    pub tls: Option<TlsSettings>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -958,14 +978,14 @@ impl Settings {
                 reason,
             })?;
         }
-        let day = Duration::from_secs(crate::engine::rules::MAX_POLLING_INTERVAL);
+        let day = Duration::from_secs(MAX_POLLING_INTERVAL);
         if self.polling.default_interval > day {
             return Err(ConfigError::Invalid {
                 key: "polling.default_interval".to_string(),
                 reason: "must be at most one day".to_string(),
             });
         }
-        if self.polling.default_timeout > Duration::from_millis(crate::trigger::MAX_TIMEOUT_MS) {
+        if self.polling.default_timeout > Duration::from_millis(MAX_TIMEOUT_MS) {
             return Err(ConfigError::Invalid {
                 key: "polling.default_timeout".to_string(),
                 reason: "must be at most one hour".to_string(),
@@ -1051,71 +1071,6 @@ impl Settings {
         self.state_file
             .as_deref()
             .filter(|path| !path.as_os_str().is_empty())
-    }
-
-    pub fn auth_profiles(&self) -> AuthProfiles {
-        AuthProfiles {
-            profiles: self.auth.clone(),
-        }
-    }
-}
-
-/// The auth profiles, resolved on demand so rotated files are picked up
-/// by the next trigger that uses them.
-#[derive(Debug, Clone, Default)]
-pub struct AuthProfiles {
-    profiles: BTreeMap<String, AuthProfile>,
-}
-
-impl AuthProfiles {
-    pub fn new(profiles: BTreeMap<String, AuthProfile>) -> Self {
-        Self { profiles }
-    }
-
-    /// Reads every value of the profile `name`.
-    pub fn resolve(&self, name: &str) -> Result<AuthParams, MetadataError> {
-        let profile = self.profiles.get(name).ok_or_else(|| {
-            let known: Vec<&str> = self.profiles.keys().map(String::as_str).collect();
-            MetadataError::AuthProfile {
-                profile: name.to_string(),
-                reason: if known.is_empty() {
-                    "hoist's config defines no auth profiles".to_string()
-                } else {
-                    format!(
-                        "not defined in hoist's config (defined: {})",
-                        known.join(", ")
-                    )
-                },
-            }
-        })?;
-        let fail = |reason: String| MetadataError::AuthProfile {
-            profile: name.to_string(),
-            reason,
-        };
-        let mut params = AuthParams::new();
-        for (param, value) in profile {
-            let resolved = match value {
-                AuthValue::Literal(literal) => literal.clone(),
-                AuthValue::Env { env } => std::env::var(env).map_err(|_| {
-                    fail(format!(
-                        "`{param}` reads environment variable `{env}`, which is not set"
-                    ))
-                })?,
-                AuthValue::File { file } => std::fs::read_to_string(file).map_err(|error| {
-                    fail(format!("`{param}` reads `{}`: {error}", file.display()))
-                })?,
-            };
-            params.insert(param.to_ascii_lowercase(), resolved);
-        }
-        Ok(params)
-    }
-
-    /// Every profile that cannot be resolved now, with the reason.
-    pub fn problems(&self) -> Vec<MetadataError> {
-        self.profiles
-            .keys()
-            .filter_map(|name| self.resolve(name).err())
-            .collect()
     }
 }
 
@@ -1332,45 +1287,26 @@ default_interval = "15s"
     }
 
     #[test]
-    fn auth_profiles_resolve_literals_env_and_files_and_mask_literals() {
+    fn masked_settings_hide_literal_credentials_only() {
         let dir = tempfile::tempdir().unwrap();
-        let secret_file = dir.path().join("password");
-        std::fs::write(&secret_file, "from-file").unwrap();
         let file = dir.path().join("hoist.toml");
         std::fs::write(
             &file,
-            format!(
-                r#"
+            r#"
 [auth.orders-redis]
 username = "app"
-password = {{ file = "{}" }}
-[auth.broken]
-password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
+password = { file = "/var/run/secrets/redis/password" }
 "#,
-                secret_file.display()
-            ),
         )
         .unwrap();
         let settings = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
-        let profiles = settings.auth_profiles();
-        let params = profiles.resolve("orders-redis").unwrap();
-        assert_eq!(params["username"], "app");
-        assert_eq!(params["password"], "from-file");
-
-        let problems = profiles.problems();
-        assert_eq!(problems.len(), 1);
-        assert!(
-            problems[0]
-                .to_string()
-                .contains("HOIST_TEST_SURELY_UNSET_VARIABLE")
-        );
-
-        let err = profiles.resolve("missing").unwrap_err();
-        assert!(err.to_string().contains("broken, orders-redis"), "{err}");
-
         let masked = toml::to_string(&settings.masked()).unwrap();
         assert!(!masked.contains("\"app\""), "{masked}");
         assert!(masked.contains("***"), "{masked}");
+        assert!(
+            masked.contains("/var/run/secrets/redis/password"),
+            "a file path is not a secret: {masked}"
+        );
     }
 
     #[test]

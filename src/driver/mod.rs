@@ -29,8 +29,8 @@ pub use scaling::{
 
 use arc_swap::ArcSwap;
 
+use crate::auth_profiles::AuthProfiles;
 use crate::cluster::Cluster;
-use crate::config::AuthProfiles;
 use crate::engine::{Decision, Rules};
 use crate::metadata::MetadataError;
 use crate::metrics::Metrics;
@@ -833,7 +833,7 @@ impl Driver {
         self.cluster()
             .and_then(|cluster| cluster.scaled_object(&key.namespace, &key.name).ok())
             .and_then(|object| object.settings.polling_interval)
-            .filter(|seconds| (1..=crate::engine::rules::MAX_POLLING_INTERVAL).contains(seconds))
+            .filter(|seconds| (1..=crate::config::MAX_POLLING_INTERVAL).contains(seconds))
             .map_or(config.polling_interval, Duration::from_secs)
     }
 

@@ -4,10 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::hpa::{Policy, PolicyType, ScalingRules, SelectPolicy};
+use crate::config::MAX_POLLING_INTERVAL;
 use crate::metadata::{MetadataError, Origin, Params};
 
-/// The longest polling interval hoist accepts: one day.
-pub const MAX_POLLING_INTERVAL: u64 = 86_400;
 /// The longest cooldown hoist accepts: 30 days.
 pub const MAX_COOLDOWN_PERIOD: u64 = 30 * 86_400;
 

@@ -15,6 +15,7 @@ pub mod follow;
 mod http;
 mod http1_pool;
 pub mod report;
+pub mod route_metrics;
 pub mod table;
 mod tcp;
 pub mod traffic;

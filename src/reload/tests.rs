@@ -185,7 +185,7 @@ impl Scaler {
         let traffic = Some(Traffic::Local(control.routes()));
         let driver = Driver::new(
             crate::server::driver_settings(&settings, traffic.clone()),
-            settings.auth_profiles(),
+            AuthProfiles::from_settings(&settings),
             Arc::new(Metrics::new()),
             CancellationToken::new(),
         );

@@ -1,0 +1,140 @@
+//! The interceptor's per-route counters on `/metrics`: a collector that
+//! reads them at scrape time (in-flight, held, rate, started), so a scrape
+//! costs nothing between scrapes.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+
+use super::{Protocol, Routes};
+
+/// The interceptor's per-route counters, read at scrape time.
+pub struct RouteTraffic(pub Arc<Routes>);
+
+impl std::fmt::Debug for RouteTraffic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RouteTraffic")
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+    protocol: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    route: String,
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: String,
+}
+
+impl prometheus_client::collector::Collector for RouteTraffic {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::MetricType;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+
+        let now = tokio::time::Instant::now();
+        let loads: Vec<_> = self
+            .0
+            .current()
+            .iter()
+            .map(|(name, route)| {
+                let labels = RouteLabels {
+                    route: name.clone(),
+                    protocol: match route.protocol() {
+                        Protocol::Http => "http",
+                        Protocol::Tcp => "tcp",
+                    },
+                };
+                (labels, route.counters.load(now))
+            })
+            .collect();
+        let mut started = encoder.encode_descriptor(
+            "hoist_interceptor_started",
+            "Requests (HTTP) or connections (TCP) the interceptor took per route",
+            None,
+            MetricType::Counter,
+        )?;
+        for (labels, load) in &loads {
+            ConstCounter::new(load.started_total).encode(started.encode_family(labels)?)?;
+        }
+        type Read = fn(&super::counters::Load) -> f64;
+        let gauges: [(&str, &str, Read); 3] = [
+            (
+                "hoist_interceptor_in_flight",
+                "Requests or connections open now, held ones included",
+                |l| l.in_flight as f64,
+            ),
+            (
+                "hoist_interceptor_held",
+                "Requests or connections waiting for an upstream at zero",
+                |l| l.held as f64,
+            ),
+            (
+                "hoist_interceptor_rate",
+                "Requests or connections per second over the past 15 s",
+                |l| l.rate,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, load) in &loads {
+                ConstGauge::new(value(load)).encode(family.encode_family(labels)?)?;
+            }
+        }
+        let mut answered = encoder.encode_descriptor(
+            "hoist_interceptor_refused",
+            "Answers the interceptor gave itself instead of the app's, by route and status: 502 (the app's connection failed), 503 (too many held, shutting down, or the route removed or moved), 504 (cold start or response timeout)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (name, route) in self.0.current().iter() {
+            if route.protocol() != Protocol::Http {
+                continue;
+            }
+            for (code, count) in route.counters.refusals() {
+                let labels = RefusalLabels {
+                    route: name.clone(),
+                    code,
+                };
+                ConstCounter::new(count).encode(answered.encode_family(&labels)?)?;
+            }
+        }
+        let mut open = encoder.encode_descriptor(
+            "hoist_interceptor_connections",
+            "Client connections open now, by listener",
+            None,
+            MetricType::Gauge,
+        )?;
+        for limit in &self.0.listeners() {
+            let labels = ListenerLabels {
+                listener: limit.listener.clone(),
+            };
+            ConstGauge::new(limit.open() as i64).encode(open.encode_family(&labels)?)?;
+        }
+        let mut refused = encoder.encode_descriptor(
+            "hoist_interceptor_connections_refused",
+            "Client connections closed at accept: the listener's max_connections or the process's descriptors were used up",
+            None,
+            MetricType::Counter,
+        )?;
+        for limit in &self.0.listeners() {
+            let labels = ListenerLabels {
+                listener: limit.listener.clone(),
+            };
+            ConstCounter::new(limit.refused()).encode(refused.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
