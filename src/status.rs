@@ -21,6 +21,72 @@ pub struct Status {
     /// Reloads of hoist's config, when it reloads it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<crate::reload::ConfigStatus>,
+    /// Routes ScaledObjects declare, when hoist has an interceptor (in
+    /// process or followed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<RoutesStatus>,
+}
+
+/// The declared routes: what interceptors serve besides hoist's config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutesStatus {
+    /// The table's version, as interceptors following it report it.
+    pub version: u64,
+    /// Started without saved routes, within `polling.idle_after`:
+    /// interceptors keep routes this run has not heard of yet.
+    pub settling: bool,
+    /// In claim order (the first claim wins).
+    pub declared: Vec<DeclaredRouteStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeclaredRouteStatus {
+    pub name: String,
+    /// `http` or `tcp`.
+    pub protocol: String,
+    /// `namespace/name` of the ScaledObject.
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen_port: Option<u16>,
+    pub upstream: String,
+    /// Tracked triggers declaring it (0: restored from the state file and
+    /// not declared again yet).
+    pub triggers: usize,
+    /// Restored and not declared again for this long; dropped after
+    /// `polling.idle_after`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undeclared_for_seconds: Option<f64>,
+}
+
+fn routes_status(report: crate::routing::RegistryReport) -> RoutesStatus {
+    RoutesStatus {
+        version: report.version,
+        settling: report.settling,
+        declared: report
+            .routes
+            .into_iter()
+            .map(|route| DeclaredRouteStatus {
+                name: route.spec.name,
+                protocol: route.spec.protocol.to_string(),
+                owner: route
+                    .spec
+                    .owner
+                    .map(|owner| format!("{}/{}", owner.namespace, owner.name)),
+                hosts: route.spec.hosts,
+                path_prefix: route.spec.path_prefix,
+                listen_port: route.spec.listen.map(|listen| listen.port()),
+                upstream: route.spec.upstream,
+                triggers: route.triggers,
+                undeclared_for_seconds: route.unclaimed_for.map(|d| d.as_secs_f64()),
+            })
+            .collect(),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -296,6 +362,9 @@ pub fn snapshot(driver: &Driver) -> Status {
             error: cluster.watch_error(),
         }),
         config: None,
+        routes: driver
+            .routes()
+            .map(|registry| routes_status(registry.report())),
     }
 }
 
@@ -405,6 +474,29 @@ pub fn table(status: &Status) -> String {
         }
         for warning in &engine.warnings {
             out.push_str(&format!("{name}: warning: {warning}\n"));
+        }
+    }
+    if let Some(routes) = &status.routes {
+        for route in &routes.declared {
+            let claim = match route.listen_port {
+                Some(port) => format!("port {port}"),
+                None => format!(
+                    "{}{}",
+                    route.hosts.join(","),
+                    route.path_prefix.as_deref().unwrap_or("")
+                ),
+            };
+            let waiting = route
+                .undeclared_for_seconds
+                .map(|seconds| format!(" (saved; not declared again for {seconds:.0}s)"))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "route {}: {claim} -> {}{waiting}\n",
+                route.name, route.upstream
+            ));
+        }
+        if routes.settling {
+            out.push_str("routes: settling (started without saved routes; interceptors keep the ones not declared again yet)\n");
         }
     }
     if let Some(error) = status.kubernetes.as_ref().and_then(|k| k.error.as_ref()) {
@@ -525,6 +617,34 @@ mod tests {
             ],
             kubernetes: None,
             config: None,
+            routes: Some(RoutesStatus {
+                version: 7,
+                settling: false,
+                declared: vec![
+                    DeclaredRouteStatus {
+                        name: "http/default/shop".into(),
+                        protocol: "http".into(),
+                        owner: Some("default/shop".into()),
+                        hosts: vec!["shop.test".into(), "www.shop.test".into()],
+                        path_prefix: Some("/api".into()),
+                        listen_port: None,
+                        upstream: "shop.default.svc.cluster.local:80".into(),
+                        triggers: 1,
+                        undeclared_for_seconds: None,
+                    },
+                    DeclaredRouteStatus {
+                        name: "tcp/orders/db".into(),
+                        protocol: "tcp".into(),
+                        owner: Some("orders/db".into()),
+                        hosts: Vec::new(),
+                        path_prefix: None,
+                        listen_port: Some(5432),
+                        upstream: "postgres.orders.svc.cluster.local:5432".into(),
+                        triggers: 0,
+                        undeclared_for_seconds: Some(41.7),
+                    },
+                ],
+            }),
         };
         let table = table(&status);
         let expected = "\
@@ -533,6 +653,8 @@ default/worker  engine       yes     10       10       Cooldown      cooldown 21
 orders/mailer   passthrough  -       -        -        TriggerError  -              redis-mail=ERROR x4: cannot connect: refused
 default/worker: cooldownPeriod=300 (default), maxReplicaCount=20 (metadata), minReplicaCount=0 (scaledObject)
 default/worker: warning: KEDA caps the HPA at spec.maxReplicaCount 8
+route http/default/shop: shop.test,www.shop.test/api -> shop.default.svc.cluster.local:80
+route tcp/orders/db: port 5432 -> postgres.orders.svc.cluster.local:5432 (saved; not declared again for 42s)
 ";
         assert_eq!(table, expected, "\n{table}");
     }

@@ -52,6 +52,14 @@ async fn table(admin: SocketAddr) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
+/// The `routes` section of the scaler's `/status`.
+async fn status_routes(hoist: &Hoist) -> Value {
+    let (status, body) = hoist.get("/status").await;
+    assert_eq!(status, 200, "{body}");
+    let status: Value = serde_json::from_str(&body).unwrap();
+    status["routes"].clone()
+}
+
 async fn loads(admin: SocketAddr) -> RoutesReport {
     let (status, body) = support::http_get(admin, "/interceptor/routes").await;
     assert_eq!(status, 200, "{body}");
@@ -467,9 +475,28 @@ async fn a_restart_serves_saved_routes_at_once_and_keeps_their_claims() {
     first
         .spec(&declare("shop", &http_trigger("shop.test", upstream.addr)))
         .await;
+    let routes = status_routes(&first).await;
+    assert_eq!(
+        routes["settling"], true,
+        "nothing was saved before: {routes}"
+    );
+    assert_eq!(
+        routes["declared"][0]["name"], "http/default/shop",
+        "{routes}"
+    );
+    assert_eq!(routes["declared"][0]["owner"], "default/shop", "{routes}");
+    assert_eq!(routes["declared"][0]["triggers"], 1, "{routes}");
     first.stop().await.unwrap();
 
     let second = Hoist::start_with(settings).await;
+    // Saved and not declared again yet; the saved table is whole.
+    let routes = status_routes(&second).await;
+    assert_eq!(routes["settling"], false, "{routes}");
+    assert_eq!(routes["declared"][0]["triggers"], 0, "{routes}");
+    assert!(
+        routes["declared"][0]["undeclaredForSeconds"].is_number(),
+        "{routes}"
+    );
     // No trigger has been asked about yet: the saved route serves.
     let (status, body) = send(
         &http1_client(),

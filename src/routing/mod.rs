@@ -6,5 +6,5 @@ pub mod api;
 pub mod registry;
 pub mod spec;
 
-pub use registry::{Registry, RouteError, RouteRules, RouteTable};
+pub use registry::{DeclaredReport, Registry, RegistryReport, RouteError, RouteRules, RouteTable};
 pub use spec::{Claim, Listen, Owner, Protocol, RouteSpec, normalized_prefix};

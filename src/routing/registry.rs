@@ -56,6 +56,24 @@ pub struct RouteTable {
     pub settling: bool,
 }
 
+/// The registry as `/status` shows it.
+#[derive(Debug, Clone)]
+pub struct RegistryReport {
+    pub version: u64,
+    pub settling: bool,
+    /// In claim order.
+    pub routes: Vec<DeclaredReport>,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeclaredReport {
+    pub spec: RouteSpec,
+    /// How many tracked triggers declare it.
+    pub triggers: usize,
+    /// Restored from the state file and not declared again for this long.
+    pub unclaimed_for: Option<Duration>,
+}
+
 /// What declared routes may be, from hoist's config; a reload replaces it.
 #[derive(Debug, Clone)]
 pub struct RouteRules {
@@ -208,6 +226,25 @@ impl Registry {
     /// The table as interceptors see it, and its changes.
     pub fn table(&self) -> watch::Receiver<Arc<RouteTable>> {
         self.table.subscribe()
+    }
+
+    /// Every declared route with who declares it, for `/status`.
+    pub fn report(&self) -> RegistryReport {
+        let state = self.lock();
+        let mut routes: Vec<&Declared> = state.declared.values().collect();
+        routes.sort_by_key(|declared| declared.order);
+        RegistryReport {
+            version: state.version,
+            settling: state.settling_since.is_some(),
+            routes: routes
+                .into_iter()
+                .map(|declared| DeclaredReport {
+                    spec: declared.spec.clone(),
+                    triggers: declared.holders.len(),
+                    unclaimed_for: declared.unclaimed_since.map(|since| since.elapsed()),
+                })
+                .collect(),
+        }
     }
 
     /// Every declared route, in claim order (for the state file).
