@@ -77,6 +77,11 @@ fn values_file(file: &str) -> (String, Yaml) {
     (path, docs.remove(0))
 }
 
+/// The pod template's `checksum/config` annotation, when it has one.
+fn config_checksum(deployment: &Yaml) -> Option<&str> {
+    deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"].as_str()
+}
+
 fn probe_kinds(container: &Yaml) -> BTreeMap<&'static str, String> {
     ["readinessProbe", "livenessProbe", "startupProbe"]
         .into_iter()
@@ -137,6 +142,8 @@ fn with_its_defaults_the_chart_renders_what_hoist_yaml_holds() {
         named(&chart, "Deployment", "hoist"),
         named(&plain, "Deployment", "hoist"),
     );
+    // A config change reloads in place: nothing rolls the pods.
+    assert_eq!(config_checksum(a), None, "{a:?}");
     assert_eq!(a["spec"]["replicas"], b["spec"]["replicas"]);
     let (pod_a, pod_b) = (pod_spec(a), pod_spec(b));
     for key in [
@@ -197,6 +204,19 @@ fn split_mode_with_tls_and_auth_profiles_agrees_with_the_config_it_renders() {
     check_consistency(&file, &docs);
 
     let scaler = named(&docs, "Deployment", "hoist");
+    // restartOnConfigChange: each Deployment rolls with its own config.
+    let checksums = [
+        config_checksum(scaler),
+        config_checksum(named(&docs, "Deployment", "hoist-interceptor")),
+    ];
+    for checksum in checksums {
+        let checksum = checksum.expect("a checksum/config annotation");
+        assert!(
+            checksum.len() == 64 && checksum.chars().all(|c| c.is_ascii_hexdigit()),
+            "{checksum}"
+        );
+    }
+    assert_ne!(checksums[0], checksums[1]);
     let container_ = container(scaler);
     let text = config_text(&docs, scaler);
     let (rest, section) = split_interceptor("hoist.toml", text);
