@@ -239,6 +239,9 @@ struct ResultLabels {
 pub struct Reloader {
     source: ConfigSource,
     targets: Targets,
+    /// `limits.max_metadata_bytes` at start, which sized the gRPC decoder
+    /// (`hoist serve`, whose targets include the driver).
+    started_max_metadata_bytes: usize,
     state: Mutex<State>,
     reloads: Family<ResultLabels, Counter>,
     last_success: Gauge,
@@ -266,6 +269,7 @@ impl Reloader {
         Self {
             source,
             targets,
+            started_max_metadata_bytes: running.limits.max_metadata_bytes,
             state: Mutex::new(State { running, status }),
             reloads,
             last_success,
@@ -335,7 +339,14 @@ impl Reloader {
 
     fn try_reload(&self, running: &Settings) -> Result<(Settings, Vec<String>), ReloadError> {
         let loaded = self.source.load()?;
-        let restart_needed = restart_needed(running, &loaded)?;
+        let mut restart_needed = restart_needed(running, &loaded)?;
+        // The check of each trigger takes the new value at once; the gRPC
+        // decoder, sized at start, still refuses messages past the old one.
+        if self.targets.driver.is_some()
+            && loaded.limits.max_metadata_bytes > self.started_max_metadata_bytes
+        {
+            restart_needed.push("limits.max_metadata_bytes".to_string());
+        }
         let settings = keep_restart_only(running, loaded)?;
         self.targets.apply(&settings)?;
         Ok((settings, restart_needed))

@@ -338,3 +338,39 @@ async fn a_changed_file_is_seen_once_and_a_reload_notes_what_it_read() {
     scaler.reloader.reload(Cause::File).unwrap();
     assert!(!scaler.reloader.source.changed().await);
 }
+
+#[tokio::test]
+async fn raising_the_metadata_limit_past_the_start_value_is_named_for_a_restart() {
+    let scaler = Scaler::start().await;
+    let started = Settings::default().limits.max_metadata_bytes;
+    let base = "[interceptor]\nhttp_listen = \"127.0.0.1:0\"\nenabled = true\n";
+
+    scaler.write(&format!(
+        "{base}[limits]\nmax_metadata_bytes = {}\n",
+        started / 2
+    ));
+    scaler.reloader.reload(Cause::File).unwrap();
+    assert!(
+        scaler.reloader.status().restart_needed.is_empty(),
+        "lowering it applies at once"
+    );
+
+    // Above the start value, even after a reload that lowered it.
+    scaler.write(&format!(
+        "{base}[limits]\nmax_metadata_bytes = {}\nmax_tracked_metadata_bytes = {}\n",
+        started * 2,
+        started * 1024
+    ));
+    scaler.reloader.reload(Cause::File).unwrap();
+    assert_eq!(
+        scaler.reloader.status().restart_needed,
+        ["limits.max_metadata_bytes"]
+    );
+    assert_eq!(
+        scaler.reloader.status().applied,
+        2,
+        "the rest applies, the per-trigger check included"
+    );
+    let running = scaler.reloader.lock().running.limits.max_metadata_bytes;
+    assert_eq!(running, started * 2);
+}
