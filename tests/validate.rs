@@ -22,6 +22,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use hoist::config::Overrides;
+use hoist::reload::ConfigSource;
 use manifests::*;
 use serde_json::Value;
 use yaml_rust2::Yaml;
@@ -593,7 +595,12 @@ fn queries() -> Vec<(String, String)> {
 async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
     // In-process interceptor routes, so its families are on the page too.
     let text = "[engine]\nassume_applied = true\n[interceptor]\nhttp_listen = \"127.0.0.1:0\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.example.com\"\nupstream = \"127.0.0.1:9\"\n";
-    let hoist = support::Hoist::start_with(load_ok("in-process", text)).await;
+    // From a config file it reloads, so the reload metrics are there too.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hoist.toml");
+    std::fs::write(&file, text).unwrap();
+    let source = ConfigSource::new(Some(file), Vec::new(), Overrides::default());
+    let hoist = support::Hoist::start_reloading(load_ok("in-process", text), source).await;
     // A trigger whose source refuses connections: polls, failures and
     // their durations get series (an empty family has no lines at all).
     let refused = support::free_port().to_string();
@@ -664,9 +671,11 @@ fn the_alert_rules_pass_promtool() {
         .iter()
         .map(|r| r["alert"].as_str().unwrap())
         .collect();
-    assert_eq!(alerts.len(), 7, "{alerts:?}");
+    assert_eq!(alerts.len(), 8, "{alerts:?}");
     assert!(
-        alerts.contains("HoistEngineCountUnknown") && alerts.contains("HoistColdStartsTimingOut")
+        alerts.contains("HoistEngineCountUnknown")
+            && alerts.contains("HoistColdStartsTimingOut")
+            && alerts.contains("HoistConfigReloadRefused")
     );
     // The Prometheus Operator's schema for the whole object.
     let modules = std::env::var("HOIST_TEST_NODE_MODULES").unwrap_or_else(|_| {

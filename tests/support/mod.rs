@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use hoist::config::Settings;
 use hoist::proto::ScaledObjectRef;
 use hoist::proto::external_scaler_client::ExternalScalerClient;
+use hoist::reload::ConfigSource;
 use hoist::server::{Server, ServerError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
@@ -378,14 +379,28 @@ impl Hoist {
         Self::start_with(Settings::default()).await
     }
 
-    pub async fn start_with(mut settings: Settings) -> Self {
+    pub async fn start_with(settings: Settings) -> Self {
+        Self::start_serving(settings, None).await
+    }
+
+    /// Like `start_with`, reloading from `source` (on SIGHUP, or when its
+    /// file changes) as `hoist serve --config FILE` does.
+    pub async fn start_reloading(settings: Settings, source: ConfigSource) -> Self {
+        Self::start_serving(settings, Some(source)).await
+    }
+
+    async fn start_serving(mut settings: Settings, reload: Option<ConfigSource>) -> Self {
         settings.grpc.listen = "127.0.0.1:0".parse().unwrap();
         // Loopback on a free port, unless the test chose an address.
         if settings.admin.listen == Settings::default().admin.listen {
             settings.admin.listen = "127.0.0.1:0".parse().unwrap();
         }
         let state_dir = isolate(&mut settings);
-        let mut hoist = Self::run(Server::bind(settings).await.expect("hoist binds"));
+        let mut server = Server::bind(settings).await.expect("hoist binds");
+        if let Some(source) = reload {
+            server = server.reload_from(source);
+        }
+        let mut hoist = Self::run(server);
         hoist._state_dir = state_dir;
         hoist
     }
