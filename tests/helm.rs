@@ -448,6 +448,35 @@ fn split_mode_with_tls_and_auth_profiles_agrees_with_the_config_it_renders() {
             "ca.crt",
         ),
     ];
+    // They follow the route table on hoist's admin port, which has TLS
+    // here: its certificate is checked against the admin Secret's CA
+    // (mounted alone, without hoist's key) for the scaler Service's name.
+    let scaler_service = named(&docs, "Service", "hoist");
+    assert_eq!(
+        proxies["scaler"].as_str(),
+        Some(
+            format!(
+                "hoist.keda.svc.cluster.local:{}",
+                service_ports(scaler_service)["admin"].0
+            )
+            .as_str()
+        )
+    );
+    let follow: hoist::config::ClientTlsSettings = proxies["tls"].clone().try_into().unwrap();
+    follow.validate().unwrap();
+    assert_eq!(follow.server_name.as_deref(), Some("hoist.keda.svc"));
+    assert_eq!(follow.cert_file, None, "no admin mTLS in these values");
+    let (admin_ca, inside) = volume_holding(interceptor, follow.ca_file.to_str().unwrap());
+    assert_eq!(
+        admin_ca["secret"]["secretName"],
+        values["tls"]["admin"]["secretName"]
+    );
+    assert_eq!(inside, "ca.crt");
+    assert_eq!(
+        list(&admin_ca["secret"]["items"]).len(),
+        1,
+        "ca.crt alone: {admin_ca:?}"
+    );
     for (deployment, secret, file, key) in files {
         let (volume, inside) = volume_holding(deployment, file.to_str().unwrap());
         assert_eq!(
@@ -577,6 +606,39 @@ fn every_rendered_config_loads_whole_with_hoists_loader() {
     }
 }
 
+/// With admin mTLS, split interceptors present their channel certificate
+/// to follow the route table.
+#[test]
+fn split_interceptors_follow_an_admin_port_that_wants_client_certificates() {
+    let (file, _) = values_file("split-tls-auth-values.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let admin_mtls = dir.path().join("admin-mtls.yaml");
+    std::fs::write(
+        &admin_mtls,
+        "tls:\n  admin:\n    clientCA: { secretName: hoist-clients }\n",
+    )
+    .unwrap();
+    let docs = render("hoist", "keda", &[&file, admin_mtls.to_str().unwrap()]);
+    check_consistency("admin mTLS", &docs);
+    let interceptor = named(&docs, "Deployment", "hoist-interceptor");
+    let (_, proxies) = split_interceptor("interceptor.toml", config_text(&docs, interceptor));
+    let follow: hoist::config::ClientTlsSettings =
+        proxies.unwrap()["tls"].clone().try_into().unwrap();
+    follow.validate().unwrap();
+    for (file, key) in [
+        (follow.cert_file.unwrap(), "tls.crt"),
+        (follow.key_file.unwrap(), "tls.key"),
+    ] {
+        let (volume, inside) = volume_holding(interceptor, file.to_str().unwrap());
+        assert_eq!(
+            volume["secret"]["secretName"].as_str(),
+            Some("hoist-interceptor-tls"),
+            "the interceptor's own channel certificate"
+        );
+        assert_eq!(inside, key);
+    }
+}
+
 #[test]
 fn bad_values_fail_the_render_with_a_reason() {
     let dir = tempfile::tempdir().unwrap();
@@ -603,6 +665,12 @@ fn bad_values_fail_the_render_with_a_reason() {
         (
             "interceptor:\n  mode: split\n  tls:\n    serverSecretName: interceptor-tls\n",
             "clientSecretName",
+        ),
+        // Interceptors following the table need a client certificate for
+        // an admin port that wants one.
+        (
+            "tls:\n  admin:\n    secretName: admin-tls\n    clientCA: { secretName: clients }\ninterceptor:\n  mode: split\n",
+            "tls.admin.clientCA with interceptor.mode split",
         ),
     ];
     for (i, (values, reason)) in cases.into_iter().enumerate() {

@@ -154,6 +154,38 @@ true
         path: ca.crt
 {{- end }}
 
+{{/* Where an interceptor pod finds the CA of hoist's admin certificate. */}}
+{{- define "hoist.scalerCADir" -}}
+/var/run/secrets/hoist-admin-ca
+{{- end }}
+
+{{/*
+How a split interceptor dials hoist's admin port to follow the route
+table: over TLS when that port has it (tls.admin), checking its
+certificate against the admin Secret's ca.crt for the name
+<fullname>.<namespace>.svc, and presenting its channel certificate when
+the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
+*/}}
+{{- define "hoist.followTLS" -}}
+{{- $admin := .Values.tls.admin -}}
+{{- if $admin.secretName -}}
+{{- $tls := dict
+      "ca_file" (printf "%s/ca.crt" (include "hoist.scalerCADir" .))
+      "server_name" (printf "%s.%s.svc" (include "hoist.fullname" .) .Release.Namespace) -}}
+{{- if or $admin.clientCA.secretName $admin.clientCA.configMapName -}}
+{{- if not (include "hoist.channelTLS" .) -}}
+{{- fail "tls.admin.clientCA with interceptor.mode split: the interceptors follow the route table on hoist's admin port and need a client certificate there; set interceptor.tls (they present its server certificate, whose CA tls.admin.clientCA must hold)" -}}
+{{- end -}}
+{{- $dir := include "hoist.channelTLSDir" . -}}
+{{- $_ := set $tls "cert_file" (printf "%s/tls.crt" $dir) -}}
+{{- $_ := set $tls "key_file" (printf "%s/tls.key" $dir) -}}
+{{- end -}}
+{{- toJson $tls -}}
+{{- else -}}
+{}
+{{- end -}}
+{{- end }}
+
 {{/* hoist.toml (the scaler's), as a dict encoded in JSON. */}}
 {{- define "hoist.scalerConfig" -}}
 {{- $config := deepCopy (.Values.config | default dict) -}}
@@ -233,6 +265,9 @@ true
 {{- $proxy := include "hoist.proxySettings" . | fromJson -}}
 {{- /* Follows the routes ScaledObjects declare, from the scaler's admin port. */ -}}
 {{- $_ := set $proxy "scaler" (printf "%s.%s.svc.cluster.local:%v" (include "hoist.fullname" .) .Release.Namespace .Values.ports.admin) -}}
+{{- with include "hoist.followTLS" . | fromJson -}}
+{{- $_ := set $proxy "tls" . -}}
+{{- end -}}
 {{- $generated := dict
       "shutdown" (dict "drain_delay" .Values.drainDelay)
       "admin" $admin
