@@ -11,11 +11,13 @@
 #   4. Interceptor: wrk direct, through hoist, a bare hyper proxy and nginx.
 #   5. Cold start: held request → push → response (in-process and split).
 #   6. Engine and parsers: criterion.
+#   7. Declared routes: GetMetricSpec declaring a route → served by every
+#      interceptor (in-process, and two split replicas following the scaler).
 #
 # Installs what it needs when missing (redis-server, nginx with its stream
 # module, wrk: Debian packages, with apt-get). Takes about 15 minutes on 2
 # cores. Knobs (environment):
-#   BENCH_ONLY="rpc scale sources interceptor cold-start engine"   parts to run
+#   BENCH_ONLY="rpc scale sources interceptor cold-start engine routes"   parts to run
 #   BENCH_SECONDS=5      length of each RPC and wrk point
 #   BENCH_REPEAT=3       runs per point, interleaved; the report takes the median
 #   BENCH_SCALE="1000:1000 10000:1 10000:10000 50000:10000 50000:50000"
@@ -29,7 +31,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ONLY="${BENCH_ONLY:-rpc scale sources interceptor cold-start engine}"
+ONLY="${BENCH_ONLY:-rpc scale sources interceptor cold-start engine routes}"
 SECONDS_PER_POINT="${BENCH_SECONDS:-5}"
 REPEAT="${BENCH_REPEAT:-3}"
 SCALE_ROWS="${BENCH_SCALE:-1000:1000 10000:1 10000:10000 50000:10000 50000:50000}"
@@ -218,7 +220,9 @@ start_redis() { # port [extra args]
   wait_port "$port"
 }
 hoist_config() { # file grpc-port admin-port [extra TOML]
+  # No state file: each run starts fresh, with nothing of an earlier one.
   cat >"$1" <<EOF
+state_file = ""
 [grpc]
 listen = "127.0.0.1:$2"
 [admin]
@@ -522,6 +526,53 @@ if wants engine; then
   criterion_args=(--criterion "$work/criterion")
 fi
 
+# --- 7. Declared routes --------------------------------------------------------
+# The rules allow loopback upstreams (the app is hoist-load's own).
+ROUTE_SAMPLES="${BENCH_ROUTE_SAMPLES:-10}"
+if wants routes; then
+  echo "== 7. Declared routes reaching the interceptors"
+  read -r grpc_port admin_port http_port <<<"$(ports 3)"
+  hoist_config "$work/routes.toml" "$grpc_port" "$admin_port" "[interceptor]
+http_listen = \"127.0.0.1:$http_port\"
+enabled = true
+allowed_upstreams = [\"127.0.0.1:*\"]"
+  start "$work/routes-hoist.log" "${SERVER[@]}" "$HOIST" serve --config "$work/routes.toml"
+  hoist_pid=$last_pid
+  wait_port "$grpc_port"
+  measure "${CLIENT[@]}" "$LOAD" route-follow --grpc "127.0.0.1:$grpc_port" \
+    --proxy "127.0.0.1:$http_port" --samples "$ROUTE_SAMPLES" --label in-process
+  stop "$hoist_pid"
+
+  # Split: a scaler without proxies, two `hoist interceptor` replicas
+  # following its table.
+  read -r grpc_port admin_port a_admin a_http b_admin b_http <<<"$(ports 6)"
+  hoist_config "$work/routes-scaler.toml" "$grpc_port" "$admin_port" "[interceptor]
+endpoints = [\"127.0.0.1:$a_admin\", \"127.0.0.1:$b_admin\"]
+allowed_upstreams = [\"127.0.0.1:*\"]"
+  start "$work/routes-scaler.log" "${SERVER[@]}" "$HOIST" serve --config "$work/routes-scaler.toml"
+  hoist_pid=$last_pid
+  wait_port "$admin_port"
+  follower_pids=()
+  for replica in "a $a_admin $a_http" "b $b_admin $b_http"; do
+    read -r name replica_admin replica_http <<<"$replica"
+    cat >"$work/routes-interceptor-$name.toml" <<EOF
+[admin]
+listen = "127.0.0.1:$replica_admin"
+[interceptor]
+http_listen = "127.0.0.1:$replica_http"
+scaler = "127.0.0.1:$admin_port"
+EOF
+    start "$work/routes-interceptor-$name.log" "${SERVER[@]}" "$HOIST" interceptor --config "$work/routes-interceptor-$name.toml"
+    follower_pids+=("$last_pid")
+    wait_port "$replica_admin"
+  done
+  wait_port "$grpc_port"
+  measure "${CLIENT[@]}" "$LOAD" route-follow --grpc "127.0.0.1:$grpc_port" \
+    --proxy "127.0.0.1:$a_http" --proxy "127.0.0.1:$b_http" --samples "$ROUTE_SAMPLES" --label split
+  stop "$hoist_pid"
+  for pid in "${follower_pids[@]}"; do stop "$pid"; done
+fi
+
 # --- Report ------------------------------------------------------------------
 finished_at=$(date +%s)
 cpu_model=$(lscpu 2>/dev/null | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
@@ -541,7 +592,7 @@ load=$(cut -d' ' -f1-3 /proc/loadavg)
   else
     echo "- Other work ran on this machine at times (more than 10 % of a core outside this run's processes, from /proc/stat): the points waited $waited s in all for a quiet machine, $redone points overlapped by it were measured again, and $disturbed measurements were overlapped twice (those numbers are lower and noisier). Load average at the end: $load."
   fi
-  echo "- Command: \`scripts/bench.sh\`$( [ "$ONLY" != "rpc scale sources interceptor cold-start engine" ] && echo " with BENCH_ONLY=\"$ONLY\"")."
+  echo "- Command: \`scripts/bench.sh\`$( [ "$ONLY" != "rpc scale sources interceptor cold-start engine routes" ] && echo " with BENCH_ONLY=\"$ONLY\"")."
 } >"$work/machine.md"
 doc_args=(--doc "$DOC")
 [ "$DOC" = "-" ] && doc_args=()

@@ -16,6 +16,8 @@
 //! - `upstream`: a small HTTP/1.1 server for the interceptor benchmarks.
 //! - `cold-start`: request held at zero → push to StreamIsActive →
 //!   response once the upstream listens.
+//! - `route-follow`: a route a ScaledObject declares → served by every
+//!   interceptor (in process, or split replicas following the scaler).
 //! - `free-ports`, `report`: helpers for the script.
 
 mod bare_proxy;
@@ -28,6 +30,7 @@ mod process;
 mod redis_load;
 mod report;
 mod results;
+mod route_follow;
 mod rpc;
 mod scale;
 mod upstream;
@@ -41,6 +44,7 @@ use free_ports::{FreePortsArgs, free_ports};
 use kafka_load::{KafkaLoadArgs, kafka_load};
 use redis_load::{RedisLoadArgs, redis_load};
 use report::{ReportArgs, report};
+use route_follow::{RouteFollowArgs, route_follow};
 use rpc::{RpcArgs, rpc};
 use scale::{ScaleArgs, scale};
 use upstream::{UpstreamArgs, upstream};
@@ -77,6 +81,8 @@ enum Command {
     BareProxy(BareProxyArgs),
     /// Cold-start latency through hoist's interceptor.
     ColdStart(ColdStartArgs),
+    /// How soon a declared route serves on every interceptor.
+    RouteFollow(RouteFollowArgs),
     /// Prints N free loopback ports.
     FreePorts(FreePortsArgs),
     /// Renders collected results as Markdown into a document.
@@ -100,6 +106,7 @@ fn main() -> anyhow::Result<()> {
         Command::Upstream(args) => runtime.block_on(upstream(args)),
         Command::BareProxy(args) => runtime.block_on(bare_proxy(args)),
         Command::ColdStart(args) => runtime.block_on(cold_start(args)),
+        Command::RouteFollow(args) => runtime.block_on(route_follow(args)),
         Command::FreePorts(args) => free_ports(args),
         Command::Report(args) => report(args),
     }

@@ -50,6 +50,7 @@ pub(super) fn report(args: ReportArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.criterion {
         render_criterion(&mut out, dir)?;
     }
+    render_route_follow(&mut out, &results);
     match &args.doc {
         None => print!("{out}"),
         Some(doc) => {
@@ -484,6 +485,39 @@ fn render_cold_start(out: &mut String, results: &[Value]) {
             part("response_after_listen_ms", "median"),
             part("response_after_listen_ms", "max"),
             part("total_ms", "median"),
+        );
+    }
+    out.push('\n');
+}
+
+fn render_route_follow(out: &mut String, results: &[Value]) {
+    let rows: Vec<&Value> = results
+        .iter()
+        .filter(|r| text(r, "bench") == "route-follow")
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    out.push_str("### 7. Declared routes reaching the interceptors\n\nA trigger declares an HTTP route (`host`, `upstream`); from KEDA's first GetMetricSpec for it (which declares the route) to the app's first answer through each interceptor, asked every 2 ms. In process the scaler's own interceptor takes the route; split, each `hoist interceptor` replica learns it from the scaler's long-polled route table. One new route per sample, a second apart. Goal: every interceptor within a second.\n\n| setup | interceptors | samples | served by every interceptor: median / max | by each: median / max | goal |\n| --- | --- | --- | --- | --- | --- |\n");
+    for r in rows {
+        let part = |key: &str, q: &str| r.get(key).and_then(|v| v.get(q)).and_then(Value::as_f64);
+        let ms = |value: Option<f64>| value.map_or("–".into(), |ms| format!("{ms:.1} ms"));
+        let setup = match text(r, "setup") {
+            "split" => "split (`hoist interceptor` replicas with `interceptor.scaler`)",
+            "in-process" => "in-process (`hoist serve` with an interceptor)",
+            other => other,
+        };
+        let slowest = part("every_interceptor_ms", "max");
+        let _ = writeln!(
+            out,
+            "| {setup} | {} | {} | {} / {} | {} / {} | {} |",
+            num(r, "interceptors").unwrap_or(0.0),
+            num(r, "samples").unwrap_or(0.0),
+            ms(part("every_interceptor_ms", "median")),
+            ms(slowest),
+            ms(part("each_interceptor_ms", "median")),
+            ms(part("each_interceptor_ms", "max")),
+            verdict(slowest.is_some_and(|max| max < 1000.0)),
         );
     }
     out.push('\n');
