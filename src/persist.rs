@@ -23,6 +23,11 @@ pub struct Snapshot {
     /// Routes ScaledObjects declared, in the order they were claimed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<crate::routing::RouteSpec>,
+    /// Saved while the run was still settling (it had started without
+    /// the routes of the run before): `routes` may lack some, so the next
+    /// run settles too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub routes_settling: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

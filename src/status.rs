@@ -478,25 +478,24 @@ pub fn table(status: &Status) -> String {
     }
     if let Some(routes) = &status.routes {
         for route in &routes.declared {
-            let claim = match route.listen_port {
-                Some(port) => format!("port {port}"),
-                None => format!(
-                    "{}{}",
-                    route.hosts.join(","),
-                    route.path_prefix.as_deref().unwrap_or("")
-                ),
+            let claim = match (route.listen_port, &route.path_prefix) {
+                (Some(port), _) => format!("port {port}"),
+                (None, Some(prefix)) => format!("hosts {} prefix {prefix}", route.hosts.join(",")),
+                (None, None) => format!("hosts {}", route.hosts.join(",")),
             };
-            let waiting = route
-                .undeclared_for_seconds
-                .map(|seconds| format!(" (saved; not declared again for {seconds:.0}s)"))
-                .unwrap_or_default();
+            let owner = route.owner.as_deref().unwrap_or("hoist's config");
+            let declared_by = match (route.triggers, route.undeclared_for_seconds) {
+                (0, Some(seconds)) => format!("saved, not declared again for {seconds:.0}s"),
+                (1, _) => "1 trigger".to_string(),
+                (n, _) => format!("{n} triggers"),
+            };
             out.push_str(&format!(
-                "route {}: {claim} -> {}{waiting}\n",
+                "route {} ({owner}, {declared_by}): {claim} -> {}\n",
                 route.name, route.upstream
             ));
         }
         if routes.settling {
-            out.push_str("routes: settling (started without saved routes; interceptors keep the ones not declared again yet)\n");
+            out.push_str("routes: settling (started without the earlier run's whole table; split interceptors keep routes not declared again yet)\n");
         }
     }
     if let Some(error) = status.kubernetes.as_ref().and_then(|k| k.error.as_ref()) {
@@ -653,8 +652,8 @@ default/worker  engine       yes     10       10       Cooldown      cooldown 21
 orders/mailer   passthrough  -       -        -        TriggerError  -              redis-mail=ERROR x4: cannot connect: refused
 default/worker: cooldownPeriod=300 (default), maxReplicaCount=20 (metadata), minReplicaCount=0 (scaledObject)
 default/worker: warning: KEDA caps the HPA at spec.maxReplicaCount 8
-route http/default/shop: shop.test,www.shop.test/api -> shop.default.svc.cluster.local:80
-route tcp/orders/db: port 5432 -> postgres.orders.svc.cluster.local:5432 (saved; not declared again for 42s)
+route http/default/shop (default/shop, 1 trigger): hosts shop.test,www.shop.test prefix /api -> shop.default.svc.cluster.local:80
+route tcp/orders/db (orders/db, saved, not declared again for 42s): port 5432 -> postgres.orders.svc.cluster.local:5432
 ";
         assert_eq!(table, expected, "\n{table}");
     }

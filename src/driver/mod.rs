@@ -693,7 +693,7 @@ impl Driver {
     /// its own when its first engine-mode trigger arrives.
     pub fn restore(&self, snapshot: Snapshot) {
         if let Some(routes) = &self.inner.routes {
-            routes.restore(snapshot.routes);
+            routes.restore(snapshot.routes, !snapshot.routes_settling);
         }
         *self
             .inner
@@ -717,15 +717,17 @@ impl Driver {
                 scaling.state(),
             );
         }
+        let (routes, routes_settling) = self
+            .inner
+            .routes
+            .as_ref()
+            .map(|routes| routes.snapshot())
+            .unwrap_or_default();
         Snapshot {
             version: persist::VERSION,
             scaled_objects,
-            routes: self
-                .inner
-                .routes
-                .as_ref()
-                .map(|routes| routes.snapshot())
-                .unwrap_or_default(),
+            routes,
+            routes_settling,
         }
     }
 

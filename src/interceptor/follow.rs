@@ -78,12 +78,7 @@ pub async fn follow(
                 let restarted = seen
                     .as_ref()
                     .is_some_and(|seen| seen.instance != table.instance);
-                if !table.settling {
-                    carried.clear();
-                } else if restarted {
-                    carried = applied.clone();
-                }
-                carried.retain(|spec| !in_table(spec, &table.routes));
+                carried = carry(&applied, carried, restarted, &table);
                 if restarted && !carried.is_empty() {
                     info!(
                         carried = carried.len(),
@@ -126,8 +121,28 @@ pub async fn follow(
     }
 }
 
+/// The routes a follower keeps beside `table`'s: while the scaler settles,
+/// what was in force when it restarted (`in_force`; the carried ones
+/// stay carried across restarts), less what its table now has; nothing
+/// once it has settled.
+fn carry(
+    in_force: &[RouteSpec],
+    carried: Vec<RouteSpec>,
+    restarted: bool,
+    table: &RouteTable,
+) -> Vec<RouteSpec> {
+    let mut carried = match (table.settling, restarted) {
+        (false, _) => return Vec::new(),
+        (true, true) => in_force.to_vec(),
+        (true, false) => carried,
+    };
+    carried.retain(|spec| !in_table(spec, &table.routes));
+    carried
+}
+
 /// Whether the table has this route, or another that claims what it does
-/// (which then wins: the carried route is the stale one).
+/// (which then wins: the carried route is the stale one). A host is one
+/// owner's, so any route on a carried route's host wins over it.
 fn in_table(spec: &RouteSpec, routes: &[RouteSpec]) -> bool {
     let claims = spec.exclusive_claims();
     routes.iter().any(|route| {
@@ -152,4 +167,104 @@ async fn read(client: &reqwest::Client, url: &str) -> Result<RouteTable, String>
         .json()
         .await
         .map_err(|error| super::fleet::describe(&error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http(name: &str, host: &str, prefix: Option<&str>) -> RouteSpec {
+        serde_json::from_value(serde_json::json!({
+            "name": format!("http/default/{name}"),
+            "protocol": "http",
+            "owner": { "namespace": "default", "name": name },
+            "hosts": [host],
+            "pathPrefix": prefix,
+            "upstream": format!("{name}.default.svc.cluster.local:80"),
+        }))
+        .unwrap()
+    }
+
+    fn table(instance: &str, settling: bool, routes: Vec<RouteSpec>) -> RouteTable {
+        RouteTable {
+            instance: instance.into(),
+            version: 1,
+            routes,
+            settling,
+        }
+    }
+
+    fn names(routes: &[RouteSpec]) -> Vec<&str> {
+        routes.iter().map(|route| route.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_settling_restart_carries_what_its_table_lacks() {
+        let in_force = [
+            http("shop", "shop.test", None),
+            http("cart", "cart.test", None),
+        ];
+        let new_run = table("b", true, vec![http("cart", "cart.test", Some("/v2"))]);
+        let carried = carry(&in_force, Vec::new(), true, &new_run);
+        assert_eq!(
+            names(&carried),
+            ["http/default/shop"],
+            "cart is the table's now"
+        );
+    }
+
+    #[test]
+    fn a_settled_table_is_whole_and_nothing_is_carried() {
+        let in_force = [http("shop", "shop.test", None)];
+        let restarted_settled = table("b", false, Vec::new());
+        assert!(carry(&in_force, Vec::new(), true, &restarted_settled).is_empty());
+        let settled_later = table("b", false, Vec::new());
+        let carried = vec![http("shop", "shop.test", None)];
+        assert!(carry(&in_force, carried, false, &settled_later).is_empty());
+    }
+
+    #[test]
+    fn a_route_on_the_same_host_or_port_wins_over_a_carried_one() {
+        let in_force = [
+            http("shop", "shop.test", Some("/api")),
+            serde_json::from_value(serde_json::json!({
+                "name": "tcp/default/db", "protocol": "tcp",
+                "listen": { "port": 5432 }, "upstream": "db.default.svc.cluster.local:5432",
+            }))
+            .unwrap(),
+        ];
+        let other_owner_same_host = http("web", "shop.test", Some("/web"));
+        let other_owner_same_port: RouteSpec = serde_json::from_value(serde_json::json!({
+            "name": "tcp/default/pg", "protocol": "tcp",
+            "listen": { "port": 5432 }, "upstream": "pg.default.svc.cluster.local:5432",
+        }))
+        .unwrap();
+        let new_run = table(
+            "b",
+            true,
+            vec![other_owner_same_host, other_owner_same_port],
+        );
+        assert!(carry(&in_force, Vec::new(), true, &new_run).is_empty());
+    }
+
+    #[test]
+    fn carried_routes_stay_carried_until_declared_or_settled() {
+        let shop = http("shop", "shop.test", None);
+        let cart = http("cart", "cart.test", None);
+        // The same run, a new version: the carried routes stay, less the
+        // one declared again.
+        let next = table("b", true, vec![cart.clone()]);
+        let carried = carry(
+            &[cart.clone(), shop.clone()],
+            vec![shop.clone(), cart.clone()],
+            false,
+            &next,
+        );
+        assert_eq!(names(&carried), ["http/default/shop"]);
+        // A second restart while settling: what was in force, carried
+        // routes included, is carried again.
+        let again = table("c", true, Vec::new());
+        let carried = carry(&[cart.clone(), shop.clone()], carried, true, &again);
+        assert_eq!(names(&carried), ["http/default/cart", "http/default/shop"]);
+    }
 }

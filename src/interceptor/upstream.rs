@@ -360,9 +360,25 @@ impl Upstream {
 /// ephemeral range and has nothing listening can be "reached" by the
 /// kernel picking that very port as the source (a TCP simultaneous open
 /// with itself): the gate would open and the proxy would read its own
-/// requests back as the app's answers. Such a connection counts as refused.
+/// requests back as the app's answers. Such a connection counts as refused,
+/// and the next address is tried, as for any refusal.
 async fn connect_to(addresses: impl ToSocketAddrs) -> io::Result<TcpStream> {
-    refuse_self_connection(TcpStream::connect(addresses).await?)
+    let mut last_error = None;
+    for address in tokio::net::lookup_host(addresses).await? {
+        match TcpStream::connect(address)
+            .await
+            .and_then(refuse_self_connection)
+        {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the address resolves to nothing",
+        )
+    }))
 }
 
 fn refuse_self_connection(stream: TcpStream) -> io::Result<TcpStream> {

@@ -232,7 +232,7 @@ impl Scaler {
     }
 
     fn declared_routes(&self) -> Vec<RouteSpec> {
-        self.driver.routes().unwrap().snapshot()
+        self.driver.routes().unwrap().snapshot().0
     }
 }
 

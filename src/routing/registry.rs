@@ -46,10 +46,10 @@ pub struct RouteTable {
     pub instance: String,
     pub version: u64,
     pub routes: Vec<RouteSpec>,
-    /// This run started without the routes of the run before (no state
-    /// file, or nothing saved in it) and has not yet waited
-    /// `polling.idle_after` for triggers to declare theirs again: the table
-    /// may lack routes that still exist. A follower keeps what an earlier
+    /// This run started without the whole table of the run before (no
+    /// state file, none saved yet, or one saved while that run was itself
+    /// settling) and has not yet waited `polling.idle_after` for triggers
+    /// to declare theirs again: the table may lack routes that still exist. A follower keeps what an earlier
     /// run gave it meanwhile, so a restart of the scaler does not take
     /// routes away from running interceptors.
     #[serde(default)]
@@ -247,9 +247,11 @@ impl Registry {
         }
     }
 
-    /// Every declared route, in claim order (for the state file).
-    pub fn snapshot(&self) -> Vec<RouteSpec> {
-        routes_in_order(&self.lock())
+    /// Every declared route, in claim order, and whether this run is still
+    /// settling (for the state file).
+    pub fn snapshot(&self) -> (Vec<RouteSpec>, bool) {
+        let state = self.lock();
+        (routes_in_order(&state), state.settling_since.is_some())
     }
 
     /// The route `holder` (a trigger's identity) declares. Refused when
@@ -335,12 +337,14 @@ impl Registry {
     /// Routes saved by an earlier run: served at once, and kept for
     /// `idle_after` for their triggers to declare them again. One that
     /// hoist's config no longer allows, or that clashes with a config
-    /// route, is dropped with a warning.
-    pub fn restore(&self, routes: Vec<RouteSpec>) {
+    /// route, is dropped with a warning. `whole`: that run had settled, so
+    /// these are all its routes and this run does not settle.
+    pub fn restore(&self, routes: Vec<RouteSpec>, whole: bool) {
         let mut state = self.lock();
         let now = Instant::now();
-        // What the run before had is known: the table is whole.
-        state.settling_since = None;
+        if whole {
+            state.settling_since = None;
+        }
         for spec in routes {
             if let Err(error) = state
                 .rules
@@ -576,17 +580,36 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn saved_routes_make_the_table_whole_at_once() {
         let registry = registry();
-        registry.restore(vec![shop_route()]);
+        registry.restore(vec![shop_route()], true);
         let table = registry.table().borrow().clone();
         assert!(!table.settling);
         assert_eq!(table.routes, vec![shop_route()]);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_empty_state_file_still_settles_the_table() {
-        // A state file saved with no routes: the run before had none.
+    async fn a_settled_run_that_saved_no_routes_makes_the_table_whole() {
         let registry = registry();
-        registry.restore(Vec::new());
+        registry.restore(Vec::new(), true);
         assert!(!registry.table().borrow().settling);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn routes_saved_while_settling_leave_the_next_run_settling() {
+        // The run before crashed while it settled: what it saved may lack
+        // routes its followers still serve.
+        let before = registry();
+        before.claim(b"shop-trigger", &shop_route()).unwrap();
+        let (routes, settling) = before.snapshot();
+        assert!(settling);
+
+        let after = registry();
+        after.restore(routes, !settling);
+        let table = after.table().borrow().clone();
+        assert!(table.settling);
+        assert_eq!(
+            table.routes,
+            vec![shop_route()],
+            "served at once all the same"
+        );
     }
 }
