@@ -82,6 +82,14 @@ fn config_checksum(deployment: &Yaml) -> Option<&str> {
     deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"].as_str()
 }
 
+/// The pod template's `checksum/restart-config` annotation.
+fn restart_checksum(deployment: &Yaml) -> String {
+    deployment["spec"]["template"]["metadata"]["annotations"]["checksum/restart-config"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}: no checksum/restart-config", name(deployment)))
+        .to_string()
+}
+
 fn probe_kinds(container: &Yaml) -> BTreeMap<&'static str, String> {
     ["readinessProbe", "livenessProbe", "startupProbe"]
         .into_iter()
@@ -636,6 +644,59 @@ fn split_interceptors_follow_an_admin_port_that_wants_client_certificates() {
             "the interceptor's own channel certificate"
         );
         assert_eq!(inside, key);
+    }
+}
+
+/// By default a config change is reloaded in place; one of a setting hoist
+/// reads only at start rolls the pods, through the restart checksum.
+#[test]
+fn only_settings_read_at_start_roll_the_pods() {
+    let dir = tempfile::tempdir().unwrap();
+    let checksums = |extra: &str| {
+        let file = dir.path().join("extra.yaml");
+        std::fs::write(&file, format!("interceptor:\n  mode: split\n{extra}")).unwrap();
+        let docs = render("hoist", "keda", &[file.to_str().unwrap()]);
+        (
+            restart_checksum(named(&docs, "Deployment", "hoist")),
+            restart_checksum(named(&docs, "Deployment", "hoist-interceptor")),
+        )
+    };
+    let base = checksums("");
+    // Reloaded in place: limits, routes.
+    let reloaded = checksums(
+        "  httpRoutes:\n    - { name: web, host: web.test, upstream: web.apps.svc.cluster.local:80 }\nconfig:\n  limits:\n    max_tracked_triggers: 7\n",
+    );
+    assert_eq!(reloaded, base);
+    // Read at start: the log (the scaler's), the channel's read timeout
+    // (the scaler's), the interceptor's own log.
+    let log = checksums("config:\n  log:\n    level: debug\n");
+    assert_ne!(log.0, base.0);
+    assert_eq!(log.1, base.1, "the interceptor's own config did not change");
+    let read_timeout = checksums("  readTimeout: 3s\n");
+    assert_ne!(read_timeout.0, base.0);
+    let interceptor_log = checksums("  config:\n    log:\n      level: debug\n");
+    assert_ne!(interceptor_log.1, base.1);
+}
+
+/// The chart's list of settings read at start is hoist's own.
+#[test]
+fn the_restart_checksum_covers_every_setting_hoist_reads_only_at_start() {
+    let helpers =
+        std::fs::read_to_string(root().join(CHART).join("templates/_helpers.tpl")).unwrap();
+    let start = helpers
+        .find("define \"hoist.restartConfigChecksum\"")
+        .expect("the checksum template");
+    let body = &helpers[start..start + helpers[start..].find("{{- end }}").unwrap()];
+    let (top, interceptor) = body.split_once("with .interceptor").unwrap();
+    for key in hoist::reload::RESTART_ONLY {
+        let (list, leaf) = match key.split_once('.') {
+            Some(("interceptor", leaf)) => (interceptor, leaf),
+            _ => (top, *key),
+        };
+        assert!(
+            list.contains(&format!("\"{leaf}\"")),
+            "`{key}` is read only at start, but the chart's restart checksum leaves it out"
+        );
     }
 }
 

@@ -154,6 +154,24 @@ true
         path: ca.crt
 {{- end }}
 
+{{/*
+A checksum of the settings hoist takes up only at start (hoist's
+reload::RESTART_ONLY, which tests/helm.rs compares with this list): a
+change of one of them rolls the pods; any other change of the config is
+reloaded in place. Call with the rendered config, as a dict.
+*/}}
+{{- define "hoist.restartConfigChecksum" -}}
+{{- $kept := pick . "grpc" "admin" "log" "state_file" "shutdown_grace" "shutdown" "kubernetes" -}}
+{{- with .interceptor -}}
+{{- $_ := set $kept "interceptor" (pick . "http_listen" "enabled" "endpoints" "scaler" "read_timeout" "tls") -}}
+{{- end -}}
+{{- /* It also sizes the gRPC decoder at start. */ -}}
+{{- with .limits -}}
+{{- $_ := set $kept "limits" (pick . "max_metadata_bytes") -}}
+{{- end -}}
+{{- toJson $kept | sha256sum -}}
+{{- end }}
+
 {{/* Where an interceptor pod finds the CA of hoist's admin certificate. */}}
 {{- define "hoist.scalerCADir" -}}
 /var/run/secrets/hoist-admin-ca
