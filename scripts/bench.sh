@@ -53,7 +53,9 @@ if wants interceptor; then
   for candidate in /usr/lib/nginx/modules/ngx_stream_module.so /usr/lib64/nginx/modules/ngx_stream_module.so; do
     [ -f "$candidate" ] && stream_module="$candidate"
   done
-  if [ -z "$stream_module" ] && ! nginx -V 2>&1 | grep -q -- '--with-stream\b'; then
+  # Built in is `--with-stream`; `--with-stream=dynamic` (Debian's) needs
+  # the module's package.
+  if [ -z "$stream_module" ] && ! nginx -V 2>&1 | grep -qE -- '--with-stream( |$)'; then
     scripts/deps.sh libnginx-mod-stream || true
     [ -f /usr/lib/nginx/modules/ngx_stream_module.so ] && stream_module=/usr/lib/nginx/modules/ngx_stream_module.so
   fi
@@ -426,7 +428,7 @@ http {
   }
 }
 EOF
-    if [ -n "$stream_module" ] || nginx -V 2>&1 | grep -q -- '--with-stream\b'; then
+    if [ -n "$stream_module" ] || nginx -V 2>&1 | grep -qE -- '--with-stream( |$)'; then
       echo "stream { server { listen 127.0.0.1:$nginx_tcp_port; proxy_pass 127.0.0.1:$up_port; } }"
     fi
   } >"$work/nginx/nginx.conf"
