@@ -329,13 +329,13 @@ fn render_sources(out: &mut String, results: &[Value]) {
     for r in redis {
         let _ = writeln!(
             out,
-            "Redis: {} ScaledObjects on one list, `pollingInterval: {}`, asked {} times (GetMetrics for every object every interval) over {} intervals: Redis ran **{} LLEN** ({} EVALSHA of hoist's length script, {} commands in all, counted by `INFO commandstats`): {:.1} per interval.\n",
+            "Redis: {} ScaledObjects on one list, `pollingInterval: {}`, asked {} times (GetMetrics for every object every interval) over {} intervals: Redis ran **{} LLEN** ({} runs of hoist's length script, by EVAL or EVALSHA, {} commands in all, counted by `INFO commandstats`): {:.1} per interval.\n",
             thousands(num(r, "objects").unwrap_or(f64::NAN)),
             num(r, "interval_s").unwrap_or(f64::NAN),
             thousands(num(r, "get_metrics_calls").unwrap_or(f64::NAN)),
             num(r, "intervals").unwrap_or(f64::NAN),
             num(r, "llen").unwrap_or(f64::NAN),
-            num(r, "evalsha").unwrap_or(f64::NAN),
+            num(r, "eval").unwrap_or(0.0) + num(r, "evalsha").unwrap_or(0.0),
             num(r, "all_commands").unwrap_or(f64::NAN),
             num(r, "llen").unwrap_or(f64::NAN) / num(r, "intervals").unwrap_or(f64::NAN),
         );
