@@ -231,12 +231,10 @@ impl Registry {
     /// Every declared route with who declares it, for `/status`.
     pub fn report(&self) -> RegistryReport {
         let state = self.lock();
-        let mut routes: Vec<&Declared> = state.declared.values().collect();
-        routes.sort_by_key(|declared| declared.order);
         RegistryReport {
             version: state.version,
             settling: state.settling_since.is_some(),
-            routes: routes
+            routes: declared_in_order(&state)
                 .into_iter()
                 .map(|declared| DeclaredReport {
                     spec: declared.spec.clone(),
@@ -473,10 +471,17 @@ impl Registry {
     }
 }
 
-fn routes_in_order(state: &State) -> Vec<RouteSpec> {
+fn declared_in_order(state: &State) -> Vec<&Declared> {
     let mut declared: Vec<&Declared> = state.declared.values().collect();
     declared.sort_by_key(|declared| declared.order);
-    declared.into_iter().map(|d| d.spec.clone()).collect()
+    declared
+}
+
+fn routes_in_order(state: &State) -> Vec<RouteSpec> {
+    declared_in_order(state)
+        .into_iter()
+        .map(|d| d.spec.clone())
+        .collect()
 }
 
 /// Whether another route (config or declared), or hoist itself, holds one

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use crate::grpc::{channels, scaled_object};
-use crate::results::emit;
+use crate::results::{emit, summary};
 
 #[derive(Args)]
 pub(super) struct ColdStartArgs {
@@ -39,14 +39,6 @@ fn jitter(bound: u64) -> u64 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
         % bound.max(1)
-}
-
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
 }
 
 async fn one_cold_start(
@@ -157,15 +149,6 @@ pub(super) async fn cold_start(args: ColdStartArgs) -> anyhow::Result<()> {
         after_listen.push(a);
         total.push(t);
     }
-    let summary = |values: &mut Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        json!({
-            "median": quantile(values, 0.5),
-            "max": values.last().copied().unwrap_or(f64::NAN),
-            "min": values.first().copied().unwrap_or(f64::NAN),
-            "samples": values,
-        })
-    };
     emit(json!({
         "bench": "cold-start",
         "setup": args.label,

@@ -104,6 +104,17 @@ fn micros(us: Option<f64>) -> String {
     }
 }
 
+/// `r[key][statistic]`, a latency summary's field (`results::summary`).
+fn statistic(r: &Value, key: &str, statistic: &str) -> Option<f64> {
+    r.get(key)
+        .and_then(|v| v.get(statistic))
+        .and_then(Value::as_f64)
+}
+
+fn millis(ms: Option<f64>) -> String {
+    ms.map_or("–".into(), |ms| format!("{ms:.1} ms"))
+}
+
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
@@ -465,12 +476,7 @@ fn render_cold_start(out: &mut String, results: &[Value]) {
     }
     out.push_str("### 5. Cold start\n\nA request arrives for a route whose upstream is down (scaled to zero), 1 s after KEDA opened its StreamIsActive stream. Push: from sending the request to `true` arriving on that stream. The upstream then starts listening 100-125 ms later (an arbitrary point of hoist's 25 ms retry period); response: from its port opening to the held request's response reaching the client. One route per sample, each cold once.\n\n| setup | samples | push: median / max | response after the upstream listens: median / max | request to response, in all: median |\n| --- | --- | --- | --- | --- |\n");
     for r in rows {
-        let part = |key: &str, q: &str| {
-            r.get(key)
-                .and_then(|v| v.get(q))
-                .and_then(Value::as_f64)
-                .map_or("–".into(), |ms| format!("{ms:.1} ms"))
-        };
+        let part = |key: &str, q: &str| millis(statistic(r, key, q));
         let setup = match text(r, "setup") {
             "split" => "split (`hoist interceptor` + `interceptor.endpoints`)",
             "in-process" => "in-process (`hoist serve` with routes)",
@@ -500,8 +506,7 @@ fn render_route_follow(out: &mut String, results: &[Value]) {
     }
     out.push_str("### 7. Declared routes reaching the interceptors\n\nA trigger declares an HTTP route (`host`, `upstream`); from KEDA's first GetMetricSpec for it (which declares the route) to the app's first answer through each interceptor, asked every 2 ms. In process the scaler's own interceptor takes the route; split, each `hoist interceptor` replica learns it from the scaler's long-polled route table. One new route per sample, a second apart. Goal: every interceptor within a second.\n\n| setup | interceptors | samples | served by every interceptor: median / max | by each: median / max | goal |\n| --- | --- | --- | --- | --- | --- |\n");
     for r in rows {
-        let part = |key: &str, q: &str| r.get(key).and_then(|v| v.get(q)).and_then(Value::as_f64);
-        let ms = |value: Option<f64>| value.map_or("–".into(), |ms| format!("{ms:.1} ms"));
+        let part = |key: &str, q: &str| statistic(r, key, q);
         let setup = match text(r, "setup") {
             "split" => "split (`hoist interceptor` replicas with `interceptor.scaler`)",
             "in-process" => "in-process (`hoist serve` with an interceptor)",
@@ -513,10 +518,10 @@ fn render_route_follow(out: &mut String, results: &[Value]) {
             "| {setup} | {} | {} | {} / {} | {} / {} | {} |",
             num(r, "interceptors").unwrap_or(0.0),
             num(r, "samples").unwrap_or(0.0),
-            ms(part("every_interceptor_ms", "median")),
-            ms(slowest),
-            ms(part("each_interceptor_ms", "median")),
-            ms(part("each_interceptor_ms", "max")),
+            millis(part("every_interceptor_ms", "median")),
+            millis(slowest),
+            millis(part("each_interceptor_ms", "median")),
+            millis(part("each_interceptor_ms", "max")),
             verdict(slowest.is_some_and(|max| max < 1000.0)),
         );
     }

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use crate::grpc::{channels, scaled_object};
-use crate::results::emit;
+use crate::results::{emit, summary};
 
 #[derive(Args)]
 pub(super) struct RouteFollowArgs {
@@ -40,35 +40,11 @@ const ASK_EVERY: Duration = Duration::from_millis(2);
 /// A route not served by then is a failed run.
 const GIVE_UP: Duration = Duration::from_secs(20);
 
-/// The app behind every declared route: answers 200 to each request.
+/// The app behind every declared route: `upstream`'s server.
 async fn app() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buffer = [0u8; 4096];
-                let mut head = Vec::new();
-                loop {
-                    match socket.read(&mut buffer).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buffer[..n]),
-                    }
-                    // One answer per request head, on a kept-alive socket.
-                    while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
-                        head.drain(..end + 4);
-                        if socket
-                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
+    tokio::spawn(crate::upstream::serve(listener, "ok\n".into()));
     Ok(addr)
 }
 
@@ -116,14 +92,6 @@ async fn served_after(proxy: SocketAddr, host: String, declared: Instant) -> any
     }
 }
 
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
 pub(super) async fn route_follow(args: RouteFollowArgs) -> anyhow::Result<()> {
     let channel = channels(&args.grpc, 1).await?.remove(0);
     let mut client = ExternalScalerClient::new(channel);
@@ -160,14 +128,6 @@ pub(super) async fn route_follow(args: RouteFollowArgs) -> anyhow::Result<()> {
         each.extend(times);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let summary = |values: &mut Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        json!({
-            "median": quantile(values, 0.5),
-            "max": values.last().copied().unwrap_or(f64::NAN),
-            "samples": values,
-        })
-    };
     emit(json!({
         "bench": "route-follow",
         "setup": args.label,

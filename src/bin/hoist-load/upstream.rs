@@ -22,7 +22,11 @@ pub(super) struct UpstreamArgs {
 pub(super) async fn upstream(args: UpstreamArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen).await?;
     eprintln!("upstream on {}", args.listen);
-    let body = Bytes::from(args.body);
+    serve(listener, Bytes::from(args.body)).await
+}
+
+/// Answers every request on `listener` with 200 and `body`.
+pub(crate) async fn serve(listener: TcpListener, body: Bytes) -> anyhow::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
