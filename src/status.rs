@@ -33,8 +33,9 @@ pub struct Status {
 pub struct RoutesStatus {
     /// The table's version, as interceptors following it report it.
     pub version: u64,
-    /// Started without saved routes, within `polling.idle_after`:
-    /// interceptors keep routes this run has not heard of yet.
+    /// Started without the earlier run's whole table, within
+    /// `polling.idle_after`: split interceptors keep routes this run has
+    /// not heard of yet.
     pub settling: bool,
     /// In claim order (the first claim wins).
     pub declared: Vec<DeclaredRouteStatus>,
