@@ -185,6 +185,21 @@ const ROUTE_KEYS: [&str; 5] = [
     "responseTimeout",
 ];
 
+/// The route an `http` or `tcp` trigger's metadata declares, if any, as
+/// the trigger would declare it (for routes read from the cluster's
+/// ScaledObjects rather than from KEDA's calls).
+pub fn route_declared_by(
+    scaler: &str,
+    params: &Params,
+    context: &Context,
+) -> Result<Option<RouteSpec>, MetadataError> {
+    match scaler {
+        "http" => declared_route(Protocol::Http, params, context),
+        "tcp" => declared_route(Protocol::Tcp, params, context),
+        _ => Ok(None),
+    }
+}
+
 /// The route the metadata declares, when it has `upstream`.
 fn declared_route(
     protocol: Protocol,
@@ -239,7 +254,9 @@ fn declared_route(
                 MetadataError::missing("host", "the host (or comma-separated hosts) the route serves")
             })?;
             for host in hosts {
-                let host = host.to_ascii_lowercase();
+                // `Shop.example.com.` and `shop.example.com` are one host:
+                // folded, so neither is a claim of its own.
+                let host = host.to_ascii_lowercase().trim_end_matches('.').to_string();
                 if host.is_empty() || host.contains(['/', ' ', ':', '@', '*']) || Authority::try_from(host.as_str()).is_err() {
                     return Err(MetadataError::invalid(
                         "host",

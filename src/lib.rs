@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod auth_profiles;
 pub mod azure;
+pub mod callers;
 pub mod cluster;
 pub mod config;
 pub mod decide;

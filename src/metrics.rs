@@ -47,6 +47,10 @@ pub struct Metrics {
     pub open_streams: Gauge,
     /// Engine evaluations by the reason of their answer.
     pub engine_decisions: Family<ReasonLabels, Counter>,
+    /// Tracked triggers stopped because they are no longer allowed, by
+    /// why (`cluster`: their ScaledObject no longer has them; `reload`:
+    /// the reloaded config forbids them).
+    pub revoked_triggers: Family<ReasonLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -64,6 +68,15 @@ fn poll_histogram() -> Histogram {
 }
 
 impl Metrics {
+    /// Counts a tracked trigger stopped for `reason`.
+    pub fn revoked(&self, reason: &str) {
+        self.revoked_triggers
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
     pub fn new() -> Self {
         Self {
             rpc_requests: Family::default(),
@@ -74,6 +87,7 @@ impl Metrics {
             tracked_triggers: Gauge::default(),
             open_streams: Gauge::default(),
             engine_decisions: Family::default(),
+            revoked_triggers: Family::default(),
         }
     }
 
@@ -112,6 +126,11 @@ impl Metrics {
             "hoist_engine_decisions",
             "Engine evaluations by the reason of their answer (CountUnknown: answered Unavailable)",
             self.engine_decisions.clone(),
+        );
+        registry.register(
+            "hoist_revoked_triggers",
+            "Tracked triggers stopped because they are no longer allowed (reason: cluster, reload)",
+            self.revoked_triggers.clone(),
         );
         registry.register(
             "hoist_open_streams",

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::auth_profiles::AuthProfiles;
+use crate::callers::CallerPolicy;
 use crate::cluster::Cluster;
 use crate::config::Settings;
 use crate::driver::{Driver, DriverSettings, SourcePattern, TriggerValues};
@@ -252,8 +253,19 @@ impl Server {
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
-        let scaler = ExternalScalerServer::new(ScalerService::new(driver.clone(), metrics.clone()))
-            .max_decoding_message_size(decoding_limit(settings.limits.max_metadata_bytes));
+        let callers = CallerPolicy::new(
+            driver.cluster(),
+            settings.kubernetes.new_object_wait,
+            settings
+                .grpc
+                .tls
+                .as_ref()
+                .is_some_and(|tls| tls.client_ca_file.is_some()),
+            settings.grpc.trust_callers,
+        );
+        let scaler =
+            ExternalScalerServer::new(ScalerService::new(driver.clone(), callers, metrics.clone()))
+                .max_decoding_message_size(decoding_limit(settings.limits.max_metadata_bytes));
 
         let (ready_tx, ready) = watch::channel(false);
         let grpc_addr = grpc.local_addr().ok();

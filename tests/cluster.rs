@@ -14,7 +14,7 @@ use std::time::Duration;
 use hoist::config::Settings;
 use hoist::proto::ScaledObjectRef;
 use hoist::status::Status;
-use kube_api::FakeApi;
+use kube_api::{FakeApi, with_triggers};
 use serde_json::json;
 use support::{Hoist, RedisServer, eventually};
 
@@ -123,10 +123,14 @@ async fn world(jobs: usize, keda_max: u32, running: i64, extra: &[(&str, &str)])
     let redis = RedisServer::start();
     fill(&redis, "worker", jobs);
     let api = FakeApi::start().await;
-    api.put_scaled_object("orders", "worker", deployment_object(keda_max));
+    let worker = engine_trigger("orders", "worker", &redis, extra);
+    api.put_scaled_object(
+        "orders",
+        "worker",
+        with_triggers(deployment_object(keda_max), &[&worker]),
+    );
     api.set_scale("deployments", "orders", "worker", running, running);
     let hoist = hoist_reading(&api).await;
-    let worker = engine_trigger("orders", "worker", &redis, extra);
     World {
         redis,
         api,
@@ -269,22 +273,28 @@ async fn statefulsets_and_custom_resources_are_counted_through_their_scale() {
     fill(&redis, "db", 25);
     fill(&redis, "widget", 35);
     let api = FakeApi::start().await;
+    let db = engine_trigger("orders", "db", &redis, &[]);
+    let widget = engine_trigger("orders", "widget", &redis, &[]);
     api.put_scaled_object(
         "orders",
         "db",
-        json!({"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"}}),
+        with_triggers(
+            json!({"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"}}),
+            &[&db],
+        ),
     );
     api.set_scale("statefulsets", "orders", "db", 5, 5);
     api.add_kind("example.com/v1", "Widget", "widgets");
     api.put_scaled_object(
         "orders",
         "widget",
-        json!({"scaleTargetRef": {"apiVersion": "example.com/v1", "kind": "Widget", "name": "w"}}),
+        with_triggers(
+            json!({"scaleTargetRef": {"apiVersion": "example.com/v1", "kind": "Widget", "name": "w"}}),
+            &[&widget],
+        ),
     );
     api.set_scale("widgets", "orders", "w", 7, 7);
     let hoist = hoist_reading(&api).await;
-    let db = engine_trigger("orders", "db", &redis, &[]);
-    let widget = engine_trigger("orders", "widget", &redis, &[]);
     replicas_become(&hoist, &db, 5.0).await;
     replicas_become(&hoist, &widget, 7.0).await;
     let status = status(&hoist).await;
@@ -339,11 +349,15 @@ async fn refused_by_rbac_the_status_says_what_to_grant() {
     let redis = RedisServer::start();
     fill(&redis, "worker", 20);
     let api = FakeApi::start().await;
-    api.put_scaled_object("orders", "worker", deployment_object(20));
+    let worker = engine_trigger("orders", "worker", &redis, &[]);
+    api.put_scaled_object(
+        "orders",
+        "worker",
+        with_triggers(deployment_object(20), &[&worker]),
+    );
     api.set_scale("deployments", "orders", "worker", 4, 4);
     api.forbid_scale(true);
     let hoist = hoist_reading(&api).await;
-    let worker = engine_trigger("orders", "worker", &redis, &[]);
     let refused = until("a refusal", || async {
         replicas(&hoist, &worker).await.err()
     })
@@ -387,31 +401,48 @@ async fn the_scaledobjects_own_settings_are_the_engines_defaults() {
     let redis = RedisServer::start();
     fill(&redis, "worker", 100); // wants 20
     fill(&redis, "feeder", 3);
+    // No rule keys and no pollingInterval in the metadata.
+    let mut worker = engine_trigger("orders", "worker", &redis, &[]);
+    worker.scaler_metadata.remove("pollingInterval");
+    let feeder = ScaledObjectRef {
+        namespace: "orders".into(),
+        ..support::object(
+            "feeder",
+            &[
+                ("scaler", "redis"),
+                ("address", &redis.address()),
+                ("listName", "feeder"),
+            ],
+        )
+    };
     let api = FakeApi::start().await;
     api.put_scaled_object(
         "orders",
         "worker",
-        json!({
-            "scaleTargetRef": {"name": "worker"},
-            "minReplicaCount": 2,
-            "maxReplicaCount": 6,
-            "cooldownPeriod": 0,
-            "pollingInterval": 1,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
-                "scaleDown": {"stabilizationWindowSeconds": 0}
-            }}},
-        }),
+        with_triggers(
+            json!({
+                "scaleTargetRef": {"name": "worker"},
+                "minReplicaCount": 2,
+                "maxReplicaCount": 6,
+                "cooldownPeriod": 0,
+                "pollingInterval": 1,
+                "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                    "scaleDown": {"stabilizationWindowSeconds": 0}
+                }}},
+            }),
+            &[&worker],
+        ),
     );
     api.put_scaled_object(
         "orders",
         "feeder",
-        json!({"scaleTargetRef": {"name": "feeder"}, "pollingInterval": 2}),
+        with_triggers(
+            json!({"scaleTargetRef": {"name": "feeder"}, "pollingInterval": 2}),
+            &[&feeder],
+        ),
     );
     api.set_scale("deployments", "orders", "worker", 2, 2);
     let hoist = hoist_reading(&api).await;
-    // No rule keys and no pollingInterval in the metadata.
-    let mut worker = engine_trigger("orders", "worker", &redis, &[]);
-    worker.scaler_metadata.remove("pollingInterval");
     // From 2, the HPA's default scale-up (the ScaledObject's behavior has
     // no scaleUp) allows 2 + 4 at once; the ScaledObject caps at 6.
     replicas_become(&hoist, &worker, 6.0).await;
@@ -420,18 +451,6 @@ async fn the_scaledobjects_own_settings_are_the_engines_defaults() {
         "TooManyReplicas"
     );
 
-    let feeder = support::object(
-        "feeder",
-        &[
-            ("scaler", "redis"),
-            ("address", &redis.address()),
-            ("listName", "feeder"),
-        ],
-    );
-    let feeder = ScaledObjectRef {
-        namespace: "orders".into(),
-        ..feeder
-    };
     assert_eq!(hoist.metric(&feeder).await.unwrap().1, 3.0);
 
     let status = status(&hoist).await;

@@ -18,6 +18,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -84,6 +85,10 @@ fn scaled_objects() -> ApiResource {
     )
 }
 
+/// Changes a slow follower may fall behind by before it must re-read the
+/// whole store (it is told so: `RecvError::Lagged`).
+const CHANGE_BACKLOG: usize = 4096;
+
 /// A connection to the cluster, shared by every engine.
 pub struct Cluster {
     client: kube::Client,
@@ -95,6 +100,34 @@ pub struct Cluster {
     /// Scale targets' resources by (group/version, kind), found by discovery.
     kinds: Mutex<HashMap<(String, String), ApiResource>>,
     server: String,
+    /// What the ScaledObject watch applied, for those who follow the
+    /// store by its changes instead of reading all of it.
+    changes: broadcast::Sender<ObjectChange>,
+}
+
+/// A change the ScaledObject watch applied to the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectChange {
+    /// This ScaledObject was added, modified or deleted.
+    Object { namespace: String, name: String },
+    /// The watch listed everything anew (its start, or a restart after
+    /// an expired resource version): any object may have changed.
+    Relisted,
+}
+
+impl ObjectChange {
+    fn of(event: &watcher::Event<DynamicObject>) -> Option<Self> {
+        match event {
+            watcher::Event::Apply(object) | watcher::Event::Delete(object) => {
+                Some(ObjectChange::Object {
+                    namespace: object.metadata.namespace.clone().unwrap_or_default(),
+                    name: object.metadata.name.clone().unwrap_or_default(),
+                })
+            }
+            watcher::Event::InitDone => Some(ObjectChange::Relisted),
+            watcher::Event::Init | watcher::Event::InitApply(_) => None,
+        }
+    }
 }
 
 impl Cluster {
@@ -150,7 +183,9 @@ impl Cluster {
             watch_error: watch_error.clone(),
             kinds: Mutex::new(HashMap::new()),
             server: server.clone(),
+            changes: broadcast::channel(CHANGE_BACKLOG).0,
         });
+        let changes = cluster.changes.clone();
         let api: Api<DynamicObject> = Api::all_with(client, &resource);
         let stream = reflector::reflector(
             writer,
@@ -166,7 +201,11 @@ impl Cluster {
                 let Some(event) = next else { return };
                 let mut error = watch_error.lock().unwrap_or_else(|e| e.into_inner());
                 match event {
-                    Ok(_) => {
+                    Ok(event) => {
+                        if let Some(change) = ObjectChange::of(&event) {
+                            // Nobody following is no error.
+                            let _ = changes.send(change);
+                        }
                         if error.take().is_some() {
                             info!("watching ScaledObjects again");
                         }
@@ -218,6 +257,29 @@ impl Cluster {
                 }),
             },
         }
+    }
+
+    /// The ScaledObject as the API server sent it, if the watch has it.
+    pub fn raw_scaled_object(&self, namespace: &str, name: &str) -> Option<Arc<DynamicObject>> {
+        let key = ObjectRef::new_with(name, scaled_objects()).within(namespace);
+        self.objects.get(&key)
+    }
+
+    /// Every ScaledObject the watch has.
+    pub fn all_scaled_objects(&self) -> Vec<Arc<DynamicObject>> {
+        self.objects.state()
+    }
+
+    /// The watch's changes from now on.
+    pub fn changes(&self) -> broadcast::Receiver<ObjectChange> {
+        self.changes.subscribe()
+    }
+
+    /// Whether the store can answer "does this ScaledObject exist": its
+    /// first list has completed (a later watch failure keeps the last
+    /// state, as the API server last showed it).
+    pub fn has_listed(&self) -> bool {
+        self.synced()
     }
 
     /// Waits (at most `kubernetes.timeout`) for the watch's first list.

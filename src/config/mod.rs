@@ -84,6 +84,10 @@ pub struct KubernetesSettings {
     pub timeout: Duration,
     /// Post Events on ScaledObjects: each engine rescale, and warnings.
     pub events: bool,
+    /// How long a call about a ScaledObject the watch has not seen waits
+    /// for it (a newly created one) before it is refused.
+    #[serde(with = "humantime_serde")]
+    pub new_object_wait: Duration,
 }
 
 impl Default for KubernetesSettings {
@@ -93,6 +97,7 @@ impl Default for KubernetesSettings {
             kubeconfig: None,
             timeout: Duration::from_secs(5),
             events: true,
+            new_object_wait: Duration::from_secs(3),
         }
     }
 }
@@ -213,12 +218,18 @@ pub struct InterceptorSettings {
     pub allowed_upstreams: Vec<String>,
     /// Host patterns a declared HTTP route may serve, by namespace (`*`:
     /// every namespace; `{namespace}` in a pattern is the ScaledObject's).
-    /// Empty: any host no other route holds.
+    /// A namespace with no pattern (here or under `*`) may declare no HTTP
+    /// route: hosts are the platform team's to hand out.
     pub allowed_hosts: BTreeMap<String, Vec<String>>,
     /// Ports (`8000` or `8000-8099`) a declared TCP route may listen on,
     /// by namespace (`*`: every namespace). Empty: any port from 1024
     /// that hoist does not use itself.
     pub allowed_listen_ports: BTreeMap<String, Vec<String>>,
+    /// Routes the ScaledObjects of one namespace may declare at most.
+    pub max_routes_per_namespace: usize,
+    /// TCP listeners (declared `tcp` routes) one namespace may open at
+    /// most.
+    pub max_listen_ports_per_namespace: usize,
     /// The cluster's DNS domain, which completes a declared `upstream`
     /// (`web:80` is `web.<namespace>.svc.<cluster_domain>:80`).
     pub cluster_domain: String,
@@ -299,6 +310,8 @@ impl Default for InterceptorSettings {
             allowed_upstreams: Vec::new(),
             allowed_hosts: BTreeMap::new(),
             allowed_listen_ports: BTreeMap::new(),
+            max_routes_per_namespace: 50,
+            max_listen_ports_per_namespace: 10,
             cluster_domain: "cluster.local".to_string(),
             scaler: None,
             tls: None,
@@ -340,19 +353,15 @@ impl InterceptorSettings {
         Some(ranges)
     }
 
-    /// The host patterns a declared HTTP route may serve in `namespace`:
-    /// `None` when any host is allowed.
-    pub fn host_patterns_for(&self, namespace: &str) -> Option<Vec<HostPattern>> {
-        if self.allowed_hosts.is_empty() {
-            return None;
-        }
-        let patterns = [namespace, "*"]
+    /// The host patterns a declared HTTP route may serve in `namespace`
+    /// (none: it may serve no host).
+    pub fn host_patterns_for(&self, namespace: &str) -> Vec<HostPattern> {
+        [namespace, "*"]
             .iter()
             .filter_map(|key| self.allowed_hosts.get(*key))
             .flatten()
             .filter_map(|pattern| HostPattern::new(&pattern.replace("{namespace}", namespace)).ok())
-            .collect();
-        Some(patterns)
+            .collect()
     }
 
     /// The upstream patterns for routes `namespace` declares.
@@ -703,6 +712,11 @@ pub struct GrpcSettings {
     pub keepalive_interval: Duration,
     #[serde(with = "humantime_serde")]
     pub keepalive_timeout: Duration,
+    /// Without cluster access hoist cannot check who calls: declared
+    /// routes are refused unless callers are proven by mTLS
+    /// (`tls.client_ca_file`) or this says every caller is trusted.
+    /// Single-tenant clusters and development only.
+    pub trust_callers: bool,
 }
 
 /// What happens on SIGTERM: keep serving for `drain_delay` (while
@@ -826,6 +840,7 @@ impl Default for GrpcSettings {
             tls: None,
             keepalive_interval: Duration::from_secs(20),
             keepalive_timeout: Duration::from_secs(20),
+            trust_callers: false,
         }
     }
 }
@@ -996,6 +1011,14 @@ impl Settings {
             return Err(ConfigError::Invalid {
                 key: "kubernetes.timeout".to_string(),
                 reason: "must be more than zero and at most 60 s".to_string(),
+            });
+        }
+        // KEDA's HPA-path calls carry a 3 s deadline; a longer wait only
+        // holds its poll loop.
+        if self.kubernetes.new_object_wait > Duration::from_secs(30) {
+            return Err(ConfigError::Invalid {
+                key: "kubernetes.new_object_wait".to_string(),
+                reason: "must be at most 30 s".to_string(),
             });
         }
         self.check_listener_collisions()?;

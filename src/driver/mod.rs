@@ -2,6 +2,7 @@
 //! the same question, a cache of their readings, and the bookkeeping of who
 //! asked what. It is the only layer with a clock and tasks.
 
+mod cluster_follow;
 mod poller;
 mod reading;
 mod scaling;
@@ -30,6 +31,7 @@ pub use scaling::{
 use arc_swap::ArcSwap;
 
 use crate::auth_profiles::AuthProfiles;
+use crate::callers::Caller;
 use crate::cluster::Cluster;
 use crate::engine::{Decision, Rules};
 use crate::metadata::MetadataError;
@@ -105,6 +107,36 @@ pub enum TrackError {
     Route(#[from] RouteError),
 }
 
+/// A trigger's metadata parsed with the settings and auth profiles in
+/// force, and checked against `limits.allowed_sources`.
+fn parse_allowed(
+    key: &TriggerKey,
+    settings: &DriverSettings,
+    profiles: &AuthProfiles,
+) -> Result<TriggerConfig, TrackError> {
+    let context = crate::scalers::Context {
+        owner: Some(Owner {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+        }),
+        ..settings.context.clone()
+    };
+    let config = trigger::parse(&key.metadata_map(), profiles, settings.defaults, &context)?;
+    if !settings.allowed_sources.is_empty()
+        && let Some(endpoint) = config
+            .trigger
+            .query
+            .endpoints
+            .iter()
+            .find(|e| !settings.allowed_sources.iter().any(|p| p.allows(e)))
+    {
+        return Err(TrackError::SourceNotAllowed {
+            endpoint: endpoint.clone(),
+        });
+    }
+    Ok(config)
+}
+
 /// Who is asking: KEDA identifies a trigger by its ScaledObject and its
 /// whole metadata map (one ScaledObject may have several triggers).
 ///
@@ -166,7 +198,7 @@ impl TriggerKey {
         self.namespace.len() + self.name.len() + metadata
     }
 
-    fn metadata_map(&self) -> HashMap<String, String> {
+    pub fn metadata_map(&self) -> HashMap<String, String> {
         self.metadata.iter().cloned().collect()
     }
 }
@@ -372,28 +404,14 @@ impl Driver {
     }
 
     /// Lets engines read replica counts and ScaledObjects from `cluster`
-    /// (before the first trigger is tracked).
+    /// (before the first trigger is tracked), and follows its
+    /// ScaledObjects: declared routes, callers, polling intervals.
     pub fn set_cluster(&self, cluster: Arc<Cluster>) {
         if self.inner.cluster.set(cluster.clone()).is_ok() {
-            tokio::spawn(self.clone().follow_intervals(cluster));
-        }
-    }
-
-    /// Applies ScaledObjects' `pollingInterval` once the watch has listed
-    /// them (triggers tracked before that took the default), then every
-    /// 15 s, so that an edit applies without a restart.
-    async fn follow_intervals(self, cluster: Arc<Cluster>) {
-        const EVERY: Duration = Duration::from_secs(15);
-        loop {
-            tokio::select! {
-                _ = self.inner.cancel.cancelled() => return,
-                _ = cluster.wait_synced() => {}
+            if let Some(routes) = &self.inner.routes {
+                routes.follow_cluster();
             }
-            self.refresh_intervals();
-            tokio::select! {
-                _ = self.inner.cancel.cancelled() => return,
-                _ = tokio::time::sleep(EVERY) => {}
-            }
+            tokio::spawn(cluster_follow::follow(self.clone(), cluster));
         }
     }
 
@@ -406,18 +424,27 @@ impl Driver {
         self.inner.changed.clone()
     }
 
+    /// The trigger for `key` if it is tracked already (the usual case:
+    /// every call after the first). Its route is claimed again: the
+    /// ScaledObject's route is the one its trigger asked last, so an edit
+    /// undone (old metadata asked again) takes it back.
+    pub fn lookup(&self, key: &TriggerKey) -> Result<Option<Arc<Tracked>>, TrackError> {
+        let Some(tracked) = self.read_triggers().get(key.identity()).cloned() else {
+            return Ok(None);
+        };
+        tracked.touch();
+        if let (Some(spec), Some(routes)) = (&tracked.config.trigger.route, &self.inner.routes) {
+            routes.claim(key.identity(), spec)?;
+        }
+        Ok(Some(tracked))
+    }
+
     /// The tracked trigger for `key`, parsing its metadata and starting (or
-    /// joining) a poller the first time it is seen.
-    pub fn track(&self, key: TriggerKey) -> Result<Arc<Tracked>, TrackError> {
-        if let Some(tracked) = self.read_triggers().get(key.identity()) {
-            tracked.touch();
-            // The ScaledObject's route is the one its trigger asked last:
-            // an edit undone (old metadata asked again) takes it back.
-            if let (Some(spec), Some(routes)) = (&tracked.config.trigger.route, &self.inner.routes)
-            {
-                routes.claim(key.identity(), spec)?;
-            }
-            return Ok(tracked.clone());
+    /// joining) a poller the first time it is seen. `caller` is what
+    /// [`crate::callers`] found out about who asked.
+    pub fn track(&self, key: TriggerKey, caller: &Caller) -> Result<Arc<Tracked>, TrackError> {
+        if let Some(tracked) = self.lookup(&key)? {
+            return Ok(tracked);
         }
         let settings = self.inner.settings.load();
         let size = key.size();
@@ -438,35 +465,19 @@ impl Driver {
                 limit: settings.max_tracked_metadata_bytes,
             });
         }
-        let context = crate::scalers::Context {
-            owner: Some(Owner {
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
-            }),
-            ..settings.context.clone()
-        };
-        let config = trigger::parse(
-            &key.metadata_map(),
-            &self.inner.profiles.load(),
-            settings.defaults,
-            &context,
-        )?;
-        if !settings.allowed_sources.is_empty()
-            && let Some(endpoint) = config
-                .trigger
-                .query
-                .endpoints
-                .iter()
-                .find(|e| !settings.allowed_sources.iter().any(|p| p.allows(e)))
-        {
-            return Err(TrackError::SourceNotAllowed {
-                endpoint: endpoint.clone(),
-            });
-        }
+        let config = parse_allowed(&key, &settings, &self.inner.profiles.load())?;
         // Claimed before tracking: a trigger that replaces an older one of
         // its ScaledObject (an edit) takes the route over, never dropping it.
         let declared = config.trigger.route.clone();
         if let Some(spec) = &declared {
+            if !caller.may_declare_routes {
+                return Err(RouteError::Denied {
+                    key: "upstream",
+                    setting: "grpc.trust_callers",
+                    reason: "hoist cannot check who declares this route: it has no cluster access (kubernetes.enabled), and gRPC callers are not proven by mTLS (grpc.tls.client_ca_file) nor trusted by the operator".to_string(),
+                }
+                .into());
+            }
             let routes = self.inner.routes.as_ref().ok_or_else(|| {
                 MetadataError::invalid(
                     "upstream",
@@ -500,7 +511,44 @@ impl Driver {
         }
         self.inner.settings.store(Arc::new(settings));
         self.inner.profiles.store(Arc::new(profiles));
+        self.revoke_disallowed();
         Ok(())
+    }
+
+    /// Stops tracked triggers the settings in force no longer allow (a
+    /// removed or narrowed auth profile, a tightened
+    /// `limits.allowed_sources`, a removed config route): they were
+    /// checked against the old config, and a reload must not leave them
+    /// polling. KEDA's next call is refused with the reason.
+    fn revoke_disallowed(&self) {
+        let settings = self.inner.settings.load();
+        let profiles = self.inner.profiles.load();
+        let refused: Vec<(TriggerKey, TrackError)> = self
+            .read_triggers()
+            .values()
+            .filter_map(|tracked| {
+                parse_allowed(&tracked.key, &settings, &profiles)
+                    .err()
+                    .map(|error| (tracked.key.clone(), error))
+            })
+            .collect();
+        if refused.is_empty() {
+            return;
+        }
+        let mut triggers = self
+            .inner
+            .triggers
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        for (key, error) in &refused {
+            warn!(namespace = %key.namespace, scaled_object = %key.name, %error, "trigger stopped: the reloaded config no longer allows it");
+            self.inner.metrics.revoked("reload");
+            self.forget(&mut triggers, key);
+        }
+        self.inner
+            .metrics
+            .tracked_triggers
+            .set(triggers.len() as i64);
     }
 
     /// The routes ScaledObjects declared, when this hoist has an interceptor.
@@ -840,13 +888,16 @@ impl Driver {
     }
 
     /// Follows edits of ScaledObjects' `pollingInterval`: re-schedules the
-    /// pollers of triggers that take it.
-    pub fn refresh_intervals(&self) {
+    /// pollers of the changed ScaledObjects' triggers that take it.
+    fn refresh_intervals_of(&self, changed: &cluster_follow::Changed) {
         if self.cluster().is_none() {
             return;
         }
         let triggers = self.read_triggers();
         for tracked in triggers.values() {
+            if !changed.includes(&tracked.key.namespace, &tracked.key.name) {
+                continue;
+            }
             let interval = self.interval_for(&tracked.key, &tracked.config);
             if interval == tracked.interval() {
                 continue;

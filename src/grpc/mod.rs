@@ -15,6 +15,7 @@ use tracing::debug;
 
 pub use status::RpcError;
 
+use crate::callers::CallerPolicy;
 use crate::driver::{Answer, Driver, Reading, Tracked, TriggerKey};
 use crate::metrics::{Metrics, RpcMetrics};
 use crate::proto::external_scaler_server::ExternalScaler;
@@ -25,6 +26,7 @@ use crate::proto::{
 
 pub struct ScalerService {
     driver: Driver,
+    callers: CallerPolicy,
     open_streams: prometheus_client::metrics::gauge::Gauge,
     is_active: RpcMetrics,
     stream_is_active: RpcMetrics,
@@ -33,9 +35,10 @@ pub struct ScalerService {
 }
 
 impl ScalerService {
-    pub fn new(driver: Driver, metrics: Arc<Metrics>) -> Self {
+    pub fn new(driver: Driver, callers: CallerPolicy, metrics: Arc<Metrics>) -> Self {
         Self {
             driver,
+            callers,
             open_streams: metrics.open_streams.clone(),
             is_active: metrics.rpc("IsActive"),
             stream_is_active: metrics.rpc("StreamIsActive"),
@@ -44,9 +47,18 @@ impl ScalerService {
         }
     }
 
-    fn track(&self, object: ScaledObjectRef) -> Result<Arc<Tracked>, RpcError> {
+    /// The tracked trigger; a new one only for a caller that may have it
+    /// (see [`crate::callers`]).
+    async fn track(&self, object: ScaledObjectRef) -> Result<Arc<Tracked>, RpcError> {
         let key = TriggerKey::new(object.namespace, object.name, object.scaler_metadata);
-        Ok(self.driver.track(key)?)
+        if let Some(tracked) = self.driver.lookup(&key)? {
+            return Ok(tracked);
+        }
+        let caller = self
+            .callers
+            .check(&key.namespace, &key.name, &key.metadata_map())
+            .await?;
+        Ok(self.driver.track(key, &caller)?)
     }
 
     /// What hoist reports for the trigger: the raw value in passthrough
@@ -115,7 +127,7 @@ impl ExternalScaler for ScalerService {
     ) -> Result<Response<IsActiveResponse>, Status> {
         let started = Instant::now();
         let result = async {
-            let tracked = self.track(request.into_inner())?;
+            let tracked = self.track(request.into_inner()).await?;
             let (_, active) = self.reported(&tracked).await?;
             Ok(IsActiveResponse { result: active })
         }
@@ -130,7 +142,7 @@ impl ExternalScaler for ScalerService {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<Self::StreamIsActiveStream>, Status> {
         let started = Instant::now();
-        let result = self.track(request.into_inner()).map(|tracked| {
+        let result = self.track(request.into_inner()).await.map(|tracked| {
             let (sender, receiver) = mpsc::channel(4);
             let open = OpenStream::new(self.open_streams.clone());
             let driver = self.driver.clone();
@@ -148,7 +160,7 @@ impl ExternalScaler for ScalerService {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<GetMetricSpecResponse>, Status> {
         let started = Instant::now();
-        let result = self.track(request.into_inner()).map(|tracked| {
+        let result = self.track(request.into_inner()).await.map(|tracked| {
             let trigger = &tracked.config.trigger;
             GetMetricSpecResponse {
                 metric_specs: vec![MetricSpec {
@@ -168,7 +180,9 @@ impl ExternalScaler for ScalerService {
         let started = Instant::now();
         let result = async {
             let request = request.into_inner();
-            let tracked = self.track(request.scaled_object_ref.unwrap_or_default())?;
+            let tracked = self
+                .track(request.scaled_object_ref.unwrap_or_default())
+                .await?;
             let served = &tracked.config.trigger.metric_name;
             if !request.metric_name.is_empty() && request.metric_name != *served {
                 return Err(RpcError::UnknownMetric {

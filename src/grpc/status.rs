@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
+use crate::callers::CallerError;
 use crate::driver::{PollError, Reading, TrackError};
 use crate::metadata::MetadataError;
 use crate::routing::RouteError;
@@ -11,6 +12,8 @@ use crate::routing::RouteError;
 /// Everything an ExternalScaler call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
+    #[error(transparent)]
+    Caller(#[from] CallerError),
     #[error(transparent)]
     Track(#[from] TrackError),
     #[error("{source_description}: {error}{last}")]
@@ -74,6 +77,11 @@ impl RpcError {
 
     pub fn code(&self) -> Code {
         match self {
+            RpcError::Caller(CallerError::BadName { .. }) => Code::InvalidArgument,
+            RpcError::Caller(CallerError::NoScaledObject { .. } | CallerError::Mismatch { .. }) => {
+                Code::PermissionDenied
+            }
+            RpcError::Caller(CallerError::Unchecked(_)) => Code::Unavailable,
             RpcError::Track(TrackError::Metadata(MetadataError::AuthProfile { .. })) => {
                 Code::FailedPrecondition
             }
@@ -89,7 +97,8 @@ impl RpcError {
             RpcError::Track(TrackError::Route(
                 RouteError::Taken { .. } | RouteError::Unservable { .. },
             )) => Code::InvalidArgument,
-            RpcError::SourceFailing { .. }
+            RpcError::Track(TrackError::Route(RouteError::Pending { .. }))
+            | RpcError::SourceFailing { .. }
             | RpcError::NoReadingYet { .. }
             | RpcError::NoDecisionYet { .. }
             | RpcError::CountUnknown(_) => Code::Unavailable,

@@ -36,6 +36,12 @@ pub enum RouteError {
     },
     #[error("`{key}`: the interceptor cannot serve this route: {reason}")]
     Unservable { key: &'static str, reason: String },
+    /// The route is not in the table made from the cluster's
+    /// ScaledObjects (yet): the watch is behind the caller.
+    #[error(
+        "`upstream`: route {name} is not in the route table yet (hoist's ScaledObject watch is behind); ask again"
+    )]
+    Pending { name: String },
 }
 
 /// What the scaler serves to interceptors: every declared route.
@@ -110,17 +116,26 @@ impl RouteRules {
                 reason: format!("`{}` is {which}", spec.upstream),
             });
         }
-        if let Some(patterns) = self.interceptor.host_patterns_for(namespace)
-            && let Some(host) = spec
+        if spec.protocol == Protocol::Http {
+            let patterns = self.interceptor.host_patterns_for(namespace);
+            if let Some(host) = spec
                 .hosts
                 .iter()
                 .find(|host| !patterns.iter().any(|p| p.allows(host)))
-        {
-            return Err(RouteError::Denied {
-                key: "host",
-                setting: "interceptor.allowed_hosts",
-                reason: format!("namespace `{namespace}` may not route host `{host}`"),
-            });
+            {
+                let reason = if patterns.is_empty() {
+                    format!(
+                        "namespace `{namespace}` may route no host: no pattern is given for it (nor for `*`)"
+                    )
+                } else {
+                    format!("namespace `{namespace}` may not route host `{host}`")
+                };
+                return Err(RouteError::Denied {
+                    key: "host",
+                    setting: "interceptor.allowed_hosts",
+                    reason,
+                });
+            }
         }
         if let Some(listen) = spec.listen {
             let port = listen.port();
@@ -173,8 +188,17 @@ struct State {
     /// Gives each new route its place in claim order.
     next_order: u64,
     /// Set from the start until saved routes are restored or
-    /// `polling.idle_after` has passed (see [`RouteTable::settling`]).
+    /// `polling.idle_after` has passed (see [`RouteTable::settling`]), or
+    /// until the cluster's ScaledObjects were first read.
     settling_since: Option<Instant>,
+    /// Declared routes come from the cluster's ScaledObjects
+    /// ([`Registry::set_declared`]), not from callers' claims.
+    from_cluster: bool,
+    /// From the cluster: every route its ScaledObjects declare, oldest
+    /// ScaledObject first (kept to decide again on a reload).
+    candidates: Vec<RouteSpec>,
+    /// From the cluster: why a candidate is not in the table, by name.
+    refused: BTreeMap<String, RouteError>,
 }
 
 struct Declared {
@@ -204,6 +228,9 @@ impl Registry {
                 version: 0,
                 next_order: 0,
                 settling_since: Some(Instant::now()),
+                from_cluster: false,
+                candidates: Vec::new(),
+                refused: BTreeMap::new(),
             }),
             local: Mutex::new(None),
             changed,
@@ -257,6 +284,17 @@ impl Registry {
     /// in-process interceptor cannot serve it.
     pub fn claim(&self, holder: &[u8], spec: &RouteSpec) -> Result<(), RouteError> {
         let mut state = self.lock();
+        if state.from_cluster {
+            // The cluster decided; a caller only learns the answer.
+            return match state.declared.get(&spec.name) {
+                Some(declared) if declared.spec == *spec => Ok(()),
+                _ => Err(state.refused.get(&spec.name).cloned().unwrap_or_else(|| {
+                    RouteError::Pending {
+                        name: spec.name.clone(),
+                    }
+                })),
+            };
+        }
         // The usual case, every call of a tracked trigger: nothing changes.
         // (A reload re-checks every route against the new rules.)
         if let Some(existing) = state.declared.get_mut(&spec.name)
@@ -269,6 +307,11 @@ impl Registry {
             return Ok(());
         }
         state.rules.allows(spec)?;
+        check_quota(
+            &state.rules,
+            spec,
+            state.declared.values().map(|declared| &declared.spec),
+        )?;
         check_claims(&state, spec)?;
         let spec = spec.clone();
         let previous = state.declared.remove(&spec.name);
@@ -321,6 +364,9 @@ impl Registry {
     /// dropped); the route goes with its last holder.
     pub fn release(&self, holder: &[u8], name: &str) {
         let mut state = self.lock();
+        if state.from_cluster {
+            return;
+        }
         let Some(declared) = state.declared.get_mut(name) else {
             return;
         };
@@ -375,6 +421,11 @@ impl Registry {
     /// has been asked about by then.
     pub fn drop_unclaimed(&self, idle_after: Duration) {
         let mut state = self.lock();
+        if state.from_cluster {
+            // Routes live as long as their ScaledObjects: a saved route
+            // waits for the cluster's answer, however long the API is away.
+            return;
+        }
         let settled = state
             .settling_since
             .is_some_and(|since| since.elapsed() >= idle_after);
@@ -397,54 +448,137 @@ impl Registry {
         }
     }
 
-    /// New rules and config routes (a reload). Refused whole when a config
-    /// route would take a declared route's claim. Declared routes the new
-    /// rules forbid are removed.
+    /// New rules and config routes (a reload). A config route is the
+    /// operator's: it takes its claims from any declared route, which is
+    /// released (and its ScaledObject's calls told why). Declared routes
+    /// the new rules forbid are removed.
     ///
-    /// `first` (the interceptor's own change, which may refuse too) runs
-    /// after the check and before the change, under the registry's lock:
-    /// no claim slips in between, and when `first` refuses nothing here
-    /// has changed.
+    /// `first` (the interceptor's own change, which may refuse) runs
+    /// before the change, under the registry's lock: no claim slips in
+    /// between, and when `first` refuses nothing here has changed.
     pub fn reconfigure<E: From<RouteError>>(
         &self,
         rules: RouteRules,
         first: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
         let mut state = self.lock();
-        for spec in &rules.config_routes {
-            for claim in spec.exclusive_claims() {
-                if let Some(holder) = state
-                    .declared
-                    .values()
-                    .find(|declared| declared.spec.exclusive_claims().contains(&claim))
-                {
-                    return Err(RouteError::Taken {
-                        key: match spec.protocol {
-                            Protocol::Http => "interceptor.http_routes",
-                            Protocol::Tcp => "interceptor.tcp_routes",
-                        },
-                        claim: claim.to_string(),
-                        holder: holder.spec.origin(),
-                    }
-                    .into());
-                }
-            }
-        }
         first()?;
         state.rules = rules;
+        if state.from_cluster {
+            self.assign(&mut state);
+            return Ok(());
+        }
         let rules = state.rules.clone();
         let before = state.declared.len();
-        state.declared.retain(|name, declared| match rules.allows(&declared.spec) {
-            Ok(()) => true,
-            Err(error) => {
-                warn!(route = %name, %error, "declared route removed: the reloaded config forbids it");
-                false
+        state.declared.retain(|name, declared| {
+            let refused = rules.allows(&declared.spec).err().or_else(|| {
+                config_holder(&rules.config_routes, &declared.spec).map(|(claim, holder)| {
+                    RouteError::Taken {
+                        key: claim_key(declared.spec.protocol),
+                        claim,
+                        holder,
+                    }
+                })
+            });
+            match refused {
+                None => true,
+                Some(error) => {
+                    warn!(route = %name, owner = %declared.spec.origin(), %error, "declared route released: the reloaded config takes it");
+                    false
+                }
             }
         });
         if state.declared.len() != before {
             self.publish(&mut state);
         }
         Ok(())
+    }
+
+    /// Takes declared routes from the cluster's ScaledObjects: every route
+    /// they declare, oldest ScaledObject first (creationTimestamp, then
+    /// namespace/name). The oldest wins a claim, so every scaler replica
+    /// reading the same API decides the same, with no leader and no state.
+    pub fn set_declared(&self, candidates: Vec<RouteSpec>) {
+        let mut state = self.lock();
+        state.from_cluster = true;
+        state.candidates = candidates;
+        self.assign(&mut state);
+    }
+
+    /// Whether declared routes come from the cluster (from now on).
+    pub fn follow_cluster(&self) {
+        self.lock().from_cluster = true;
+    }
+
+    /// Decides the table from the cluster's candidates and the rules.
+    fn assign(&self, state: &mut State) {
+        let mut declared: BTreeMap<String, Declared> = BTreeMap::new();
+        let mut refused: BTreeMap<String, RouteError> = BTreeMap::new();
+        for (order, spec) in state.candidates.iter().enumerate() {
+            if declared.contains_key(&spec.name) || refused.contains_key(&spec.name) {
+                // A second trigger of one ScaledObject declaring a route:
+                // its first trigger's stands.
+                continue;
+            }
+            let decided = state
+                .rules
+                .allows(spec)
+                .and_then(|()| check_quota(&state.rules, spec, declared.values().map(|d| &d.spec)))
+                .and_then(|()| {
+                    claims_free(
+                        &state.reserved,
+                        &state.rules.config_routes,
+                        declared.values().map(|d| &d.spec),
+                        spec,
+                    )
+                });
+            match decided {
+                Ok(()) => {
+                    declared.insert(
+                        spec.name.clone(),
+                        Declared {
+                            spec: spec.clone(),
+                            order: order as u64,
+                            holders: BTreeSet::new(),
+                            unclaimed_since: None,
+                        },
+                    );
+                }
+                Err(error) => {
+                    refused.insert(spec.name.clone(), error);
+                }
+            }
+        }
+        for (name, error) in &refused {
+            if state.refused.get(name) != Some(error) {
+                warn!(route = %name, %error, "declared route refused");
+            }
+        }
+        let same = state.settling_since.is_none()
+            && routes_in_order(state)
+                == declared_routes_in_order(&declared)
+                    .into_iter()
+                    .cloned()
+                    .collect::<Vec<_>>();
+        state.declared = declared;
+        state.refused = refused;
+        state.settling_since = None;
+        if same {
+            return;
+        }
+        let skipped = self.publish(state);
+        if skipped.is_empty() {
+            return;
+        }
+        for (name, reason) in skipped {
+            if let Some(gone) = state.declared.remove(&name) {
+                let key = claim_key(gone.spec.protocol);
+                state
+                    .refused
+                    .insert(name, RouteError::Unservable { key, reason });
+            }
+        }
+        self.publish(state);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -477,6 +611,15 @@ fn declared_in_order(state: &State) -> Vec<&Declared> {
     declared
 }
 
+fn declared_routes_in_order(declared: &BTreeMap<String, Declared>) -> Vec<&RouteSpec> {
+    let mut in_order: Vec<&Declared> = declared.values().collect();
+    in_order.sort_by_key(|declared| declared.order);
+    in_order
+        .into_iter()
+        .map(|declared| &declared.spec)
+        .collect()
+}
+
 fn routes_in_order(state: &State) -> Vec<RouteSpec> {
     declared_in_order(state)
         .into_iter()
@@ -487,19 +630,33 @@ fn routes_in_order(state: &State) -> Vec<RouteSpec> {
 /// Whether another route (config or declared), or hoist itself, holds one
 /// of the route's claims.
 fn check_claims(state: &State, spec: &RouteSpec) -> Result<(), RouteError> {
+    claims_free(
+        &state.reserved,
+        &state.rules.config_routes,
+        state.declared.values().map(|declared| &declared.spec),
+        spec,
+    )
+}
+
+/// Whether hoist's own ports (`reserved`), a config route or one of
+/// `declared` holds one of the route's claims.
+fn claims_free<'a>(
+    reserved: &[(u16, String)],
+    config_routes: &'a [RouteSpec],
+    declared: impl Iterator<Item = &'a RouteSpec>,
+    spec: &RouteSpec,
+) -> Result<(), RouteError> {
     let key = claim_key(spec.protocol);
     let mut held: HashMap<Claim, String> = HashMap::new();
-    for (port, setting) in &state.reserved {
+    for (port, setting) in reserved {
         held.insert(
             Claim::Tcp { port: *port },
             format!("hoist itself ({setting})"),
         );
     }
-    let others = state
-        .rules
-        .config_routes
+    let others = config_routes
         .iter()
-        .chain(state.declared.values().map(|declared| &declared.spec))
+        .chain(declared)
         .filter(|other| other.name != spec.name);
     for other in others {
         for claim in other.exclusive_claims() {
@@ -517,6 +674,65 @@ fn check_claims(state: &State, spec: &RouteSpec) -> Result<(), RouteError> {
         }),
         None => Ok(()),
     }
+}
+
+/// The config route holding one of `spec`'s claims, if any.
+fn config_holder(config_routes: &[RouteSpec], spec: &RouteSpec) -> Option<(String, String)> {
+    let claims = spec.exclusive_claims();
+    config_routes.iter().find_map(|config| {
+        config
+            .exclusive_claims()
+            .into_iter()
+            .find(|claim| claims.contains(claim))
+            .map(|claim| (claim.to_string(), config.origin()))
+    })
+}
+
+/// Whether `spec`'s namespace may hold it besides what it holds in
+/// `declared` (`interceptor.max_routes_per_namespace`,
+/// `max_listen_ports_per_namespace`): one namespace cannot fill the
+/// interceptor with routes or listeners.
+fn check_quota<'a>(
+    rules: &RouteRules,
+    spec: &RouteSpec,
+    declared: impl Iterator<Item = &'a RouteSpec>,
+) -> Result<(), RouteError> {
+    let Some(owner) = &spec.owner else {
+        return Ok(());
+    };
+    let (mut routes, mut ports) = (0, 0);
+    for other in declared {
+        let same_namespace = other
+            .owner
+            .as_ref()
+            .is_some_and(|o| o.namespace == owner.namespace);
+        if same_namespace && other.name != spec.name {
+            routes += 1;
+            ports += usize::from(other.listen.is_some());
+        }
+    }
+    let settings = &rules.interceptor;
+    if routes >= settings.max_routes_per_namespace {
+        return Err(RouteError::Denied {
+            key: "upstream",
+            setting: "interceptor.max_routes_per_namespace",
+            reason: format!(
+                "namespace `{}` already declares {routes} routes",
+                owner.namespace
+            ),
+        });
+    }
+    if spec.listen.is_some() && ports >= settings.max_listen_ports_per_namespace {
+        return Err(RouteError::Denied {
+            key: "listenPort",
+            setting: "interceptor.max_listen_ports_per_namespace",
+            reason: format!(
+                "namespace `{}` already listens on {ports} ports",
+                owner.namespace
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The metadata key that makes a route's claims.
@@ -537,11 +753,7 @@ mod tests {
     use super::*;
 
     fn registry() -> Registry {
-        let rules = RouteRules {
-            interceptor: InterceptorSettings::default(),
-            config_routes: Vec::new(),
-        };
-        Registry::new(rules, Arc::new(Notify::new()))
+        Registry::new(rules_with(|_| {}), Arc::new(Notify::new()))
     }
 
     fn shop_route() -> RouteSpec {
@@ -616,5 +828,186 @@ mod tests {
             vec![shop_route()],
             "served at once all the same"
         );
+    }
+
+    fn rules_with(edit: impl FnOnce(&mut InterceptorSettings)) -> RouteRules {
+        let mut interceptor = InterceptorSettings::default();
+        interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
+        interceptor.allowed_upstreams = vec!["*:*".to_string()];
+        edit(&mut interceptor);
+        RouteRules {
+            interceptor,
+            config_routes: Vec::new(),
+        }
+    }
+
+    fn route(namespace: &str, name: &str, host: &str) -> RouteSpec {
+        serde_json::from_value(serde_json::json!({
+            "name": format!("http/{namespace}/{name}"),
+            "protocol": "http",
+            "owner": { "namespace": namespace, "name": name },
+            "hosts": [host],
+            "upstream": format!("{name}.{namespace}.svc.cluster.local:80"),
+        }))
+        .unwrap()
+    }
+
+    fn tcp_route(namespace: &str, name: &str, port: u16) -> RouteSpec {
+        serde_json::from_value(serde_json::json!({
+            "name": format!("tcp/{namespace}/{name}"),
+            "protocol": "tcp",
+            "owner": { "namespace": namespace, "name": name },
+            "listen": { "port": port },
+            "upstream": format!("{name}.{namespace}.svc.cluster.local:5432"),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_namespace_with_no_host_pattern_routes_no_host() {
+        let registry = Registry::new(
+            rules_with(|i| i.allowed_hosts.clear()),
+            Arc::new(Notify::new()),
+        );
+        let refused = registry.claim(b"t", &shop_route()).unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                RouteError::Denied {
+                    setting: "interceptor.allowed_hosts",
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().contains("may route no host"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_host_with_a_trailing_dot_or_other_case_is_the_same_claim() {
+        let registry = Registry::new(rules_with(|_| {}), Arc::new(Notify::new()));
+        registry
+            .claim(b"a", &route("team-a", "shop", "shop.example.com."))
+            .unwrap();
+        let refused = registry
+            .claim(b"b", &route("team-b", "shop", "SHOP.example.com"))
+            .unwrap_err();
+        assert!(matches!(refused, RouteError::Taken { .. }), "{refused}");
+        assert!(refused.to_string().contains("team-a/shop"), "{refused}");
+    }
+
+    #[test]
+    fn one_namespace_cannot_take_more_routes_or_listeners_than_its_quota() {
+        let registry = Registry::new(
+            rules_with(|i| {
+                i.max_routes_per_namespace = 3;
+                i.max_listen_ports_per_namespace = 1;
+            }),
+            Arc::new(Notify::new()),
+        );
+        registry
+            .claim(b"1", &route("greedy", "a", "a.test"))
+            .unwrap();
+        registry
+            .claim(b"2", &tcp_route("greedy", "b", 15000))
+            .unwrap();
+        let port = registry
+            .claim(b"3", &tcp_route("greedy", "c", 15001))
+            .unwrap_err();
+        assert!(
+            matches!(
+                port,
+                RouteError::Denied {
+                    setting: "interceptor.max_listen_ports_per_namespace",
+                    ..
+                }
+            ),
+            "{port}"
+        );
+        registry
+            .claim(b"3", &route("greedy", "c", "c.test"))
+            .unwrap();
+        let routes = registry
+            .claim(b"4", &route("greedy", "d", "d.test"))
+            .unwrap_err();
+        assert!(
+            matches!(
+                routes,
+                RouteError::Denied {
+                    setting: "interceptor.max_routes_per_namespace",
+                    ..
+                }
+            ),
+            "{routes}"
+        );
+        // An edit of a route it holds is no new route; other namespaces
+        // have quotas of their own.
+        registry
+            .claim(b"3", &route("greedy", "c", "c2.test"))
+            .unwrap();
+        registry
+            .claim(b"5", &route("modest", "d", "d.test"))
+            .unwrap();
+    }
+
+    #[test]
+    fn from_the_cluster_the_oldest_scaledobject_wins_whoever_asks_first() {
+        let registry = Registry::new(rules_with(|_| {}), Arc::new(Notify::new()));
+        registry.follow_cluster();
+        let older = route("team-b", "old", "shared.test");
+        let newer = route("team-a", "new", "shared.test");
+        // Before the cluster is read, no caller decides anything.
+        assert!(matches!(
+            registry.claim(b"new", &newer),
+            Err(RouteError::Pending { .. })
+        ));
+        registry.set_declared(vec![older.clone(), newer.clone()]);
+        let refused = registry.claim(b"new", &newer).unwrap_err();
+        assert!(refused.to_string().contains("team-b/old"), "{refused}");
+        registry.claim(b"old", &older).unwrap();
+        let table = registry.table().borrow().clone();
+        assert_eq!(table.routes, vec![older.clone()]);
+        assert!(!table.settling);
+        // The older one deleted: the next in age takes the host.
+        registry.set_declared(vec![newer.clone()]);
+        registry.claim(b"new", &newer).unwrap();
+        // A release by a caller changes nothing: the cluster decides.
+        registry.release(b"new", &newer.name);
+        assert_eq!(registry.table().borrow().routes, vec![newer]);
+    }
+
+    #[test]
+    fn a_reloaded_config_route_takes_a_declared_routes_host() {
+        for from_cluster in [false, true] {
+            let registry = Registry::new(rules_with(|_| {}), Arc::new(Notify::new()));
+            let declared = route("team-a", "shop", "shop.test");
+            if from_cluster {
+                registry.set_declared(vec![declared.clone()]);
+            } else {
+                registry.claim(b"shop", &declared).unwrap();
+            }
+            let mut rules = rules_with(|_| {});
+            let mut operator = route("x", "y", "shop.test");
+            operator.name = "shop-config".to_string();
+            operator.owner = None;
+            rules.config_routes = vec![operator];
+            registry
+                .reconfigure::<RouteError>(rules, || Ok(()))
+                .expect("the operator's route wins; the reload is not refused");
+            assert!(
+                registry.table().borrow().routes.is_empty(),
+                "{from_cluster}"
+            );
+            let refused = registry.claim(b"shop", &declared).unwrap_err();
+            assert!(
+                refused
+                    .to_string()
+                    .contains("hoist's config (route `shop-config`)"),
+                "{from_cluster}: {refused}"
+            );
+        }
     }
 }

@@ -138,7 +138,7 @@ impl RouteSpec {
                 self.hosts
                     .iter()
                     .map(|host| Claim::Http {
-                        host: host.to_ascii_lowercase(),
+                        host: fold_host(host),
                         path_prefix: prefix.to_string(),
                     })
                     .collect()
@@ -176,6 +176,12 @@ impl RouteSpec {
             None => format!("hoist's config (route `{}`)", self.name),
         }
     }
+}
+
+/// A host as claims compare it: lower case, without the trailing dot of
+/// a fully qualified name (`Shop.Example.com.` is `shop.example.com`).
+pub fn fold_host(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
 }
 
 /// A path prefix as routes compare them: no trailing `/`, so `/api` and

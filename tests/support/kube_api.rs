@@ -38,6 +38,8 @@ struct ApiState {
     down: bool,
     forbid_scale: bool,
     forbid_list: bool,
+    /// ScaledObjects created so far (their creation times follow).
+    created: u64,
 }
 
 /// The fake API server and a kubeconfig pointing at it.
@@ -83,8 +85,56 @@ impl FakeApi {
         self.state.lock().unwrap()
     }
 
-    /// Creates or replaces a ScaledObject from its `spec`.
+    /// Creates or replaces a ScaledObject from its `spec`. A new one is
+    /// created a second after the one before (`creationTimestamp`).
     pub fn put_scaled_object(&self, namespace: &str, name: &str, spec: Value) {
+        let created = self
+            .lock()
+            .scaled_objects
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|object| object["metadata"]["creationTimestamp"].clone());
+        let created = created.unwrap_or_else(|| {
+            let mut state = self.lock();
+            state.created += 1;
+            json!(format!(
+                "2026-01-01T00:{:02}:{:02}Z",
+                state.created / 60,
+                state.created % 60
+            ))
+        });
+        self.write_scaled_object(namespace, name, spec, created);
+    }
+
+    /// Creates or replaces a ScaledObject with its own creation time
+    /// (RFC 3339, as the API writes it).
+    pub fn put_scaled_object_created(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: Value,
+        created: &str,
+    ) {
+        self.write_scaled_object(namespace, name, spec, json!(created));
+    }
+
+    /// Deletes a ScaledObject (a `DELETED` watch event).
+    pub fn delete_scaled_object(&self, namespace: &str, name: &str) {
+        let mut state = self.lock();
+        let Some(mut object) = state
+            .scaled_objects
+            .remove(&(namespace.to_string(), name.to_string()))
+        else {
+            return;
+        };
+        state.resource_version += 1;
+        let version = state.resource_version;
+        object["metadata"]["resourceVersion"] = json!(version.to_string());
+        let line = json!({"type": "DELETED", "object": object}).to_string() + "\n";
+        state.history.push((version, line.clone()));
+        let _ = self.live.send((version, line));
+    }
+
+    fn write_scaled_object(&self, namespace: &str, name: &str, spec: Value, created: Value) {
         let mut state = self.lock();
         state.resource_version += 1;
         let version = state.resource_version;
@@ -103,6 +153,7 @@ impl FakeApi {
                 "uid": format!("uid-{namespace}-{name}"),
                 "resourceVersion": version.to_string(),
                 "generation": 1,
+                "creationTimestamp": created,
             },
             "spec": spec,
         });
@@ -322,4 +373,15 @@ fn handle(
             "the server could not find the requested resource",
         ),
     }
+}
+
+/// `spec` with the triggers KEDA sends `calls` for (`external-push`, each
+/// call's metadata), as the ScaledObject that makes those calls has them.
+pub fn with_triggers(mut spec: Value, calls: &[&hoist::proto::ScaledObjectRef]) -> Value {
+    let triggers: Vec<Value> = calls
+        .iter()
+        .map(|call| json!({"type": "external-push", "metadata": call.scaler_metadata}))
+        .collect();
+    spec["triggers"] = json!(triggers);
+    spec
 }

@@ -1,0 +1,248 @@
+//! What the driver does as the cluster's ScaledObjects change, following
+//! the watch's changes (work per change, not per tracked trigger):
+//!
+//! - declared routes are what the ScaledObjects declare, oldest first (see
+//!   [`Registry::set_declared`]), whoever calls;
+//! - a tracked trigger whose ScaledObject is gone, or no longer has its
+//!   metadata, stops (a replayed call cannot keep it alive);
+//! - triggers that take their ScaledObject's `pollingInterval` follow
+//!   its edits.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::DynamicObject;
+use serde_json::Value;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tracing::{info, warn};
+
+use super::Driver;
+use crate::callers::matching_trigger;
+use crate::cluster::{Cluster, ObjectChange};
+use crate::metadata::{AuthParams, Params};
+use crate::routing::{Owner, RouteSpec};
+
+/// A ScaledObject by (namespace, name).
+pub(super) type ObjectKey = (String, String);
+
+/// Which ScaledObjects changed in one batch of watch events.
+pub(super) enum Changed {
+    Some(BTreeSet<ObjectKey>),
+    /// The watch listed everything anew (or this follower fell behind).
+    All,
+}
+
+impl Changed {
+    pub(super) fn includes(&self, namespace: &str, name: &str) -> bool {
+        match self {
+            Changed::All => true,
+            // Batches are a few objects: a walk beats building a key.
+            Changed::Some(keys) => keys.iter().any(|(n, m)| n == namespace && m == name),
+        }
+    }
+}
+
+/// Follows the watch until `driver` stops.
+pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
+    // Subscribed before the first read: no change falls between the two.
+    let mut changes = cluster.changes();
+    let cancel = driver.inner.cancel.clone();
+    while !cluster.has_listed() {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = cluster.wait_synced() => {}
+        }
+    }
+    let mut routes = DeclaredRoutes::default();
+    let mut changed = Changed::All;
+    loop {
+        if let Some(registry) = driver.routes() {
+            routes.update(&cluster, &changed, &driver);
+            registry.set_declared(routes.candidates());
+        }
+        driver.recheck_callers(&cluster, &changed);
+        driver.refresh_intervals_of(&changed);
+        let first = tokio::select! {
+            _ = cancel.cancelled() => return,
+            change = changes.recv() => change,
+        };
+        changed = Changed::Some(BTreeSet::new());
+        let mut next = Some(first);
+        while let Some(change) = next.take() {
+            match change {
+                Ok(ObjectChange::Object { namespace, name }) => {
+                    if let Changed::Some(keys) = &mut changed {
+                        keys.insert((namespace, name));
+                    }
+                }
+                Ok(ObjectChange::Relisted) | Err(RecvError::Lagged(_)) => changed = Changed::All,
+                Err(RecvError::Closed) => return,
+            }
+            next = match changes.try_recv() {
+                Ok(change) => Some(Ok(change)),
+                Err(TryRecvError::Lagged(n)) => Some(Err(RecvError::Lagged(n))),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Closed) => Some(Err(RecvError::Closed)),
+            };
+        }
+    }
+}
+
+/// The routes each ScaledObject declares, and its age.
+#[derive(Default)]
+struct DeclaredRoutes {
+    by_object: BTreeMap<ObjectKey, ObjectRoutes>,
+}
+
+struct ObjectRoutes {
+    created: Option<Time>,
+    routes: Vec<RouteSpec>,
+}
+
+impl DeclaredRoutes {
+    fn update(&mut self, cluster: &Cluster, changed: &Changed, driver: &Driver) {
+        let context = driver.inner.settings.load().context.clone();
+        match changed {
+            Changed::All => {
+                self.by_object.clear();
+                for object in cluster.all_scaled_objects() {
+                    self.insert(&object, &context);
+                }
+            }
+            Changed::Some(keys) => {
+                for (namespace, name) in keys {
+                    self.by_object.remove(&(namespace.clone(), name.clone()));
+                    if let Some(object) = cluster.raw_scaled_object(namespace, name) {
+                        self.insert(&object, &context);
+                    }
+                }
+            }
+        }
+    }
+
+    fn insert(&mut self, object: &DynamicObject, context: &crate::scalers::Context) {
+        let namespace = object.metadata.namespace.clone().unwrap_or_default();
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let owner = Owner {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        };
+        let routes = routes_declared_by(object, owner, context);
+        if !routes.is_empty() {
+            let created = object.metadata.creation_timestamp.clone();
+            self.by_object
+                .insert((namespace, name), ObjectRoutes { created, routes });
+        }
+    }
+
+    /// Every declared route, oldest ScaledObject first; ties (and objects
+    /// without a creation time, last) by namespace and name.
+    fn candidates(&self) -> Vec<RouteSpec> {
+        let mut objects: Vec<(&ObjectKey, &ObjectRoutes)> = self.by_object.iter().collect();
+        objects.sort_by(|(a_key, a), (b_key, b)| {
+            (a.created.is_none(), &a.created, a_key).cmp(&(b.created.is_none(), &b.created, b_key))
+        });
+        objects
+            .into_iter()
+            .flat_map(|(_, object)| object.routes.iter().cloned())
+            .collect()
+    }
+}
+
+/// The routes an object's `http`/`tcp` external triggers declare, parsed
+/// as the trigger itself would be. A trigger that does not parse declares
+/// nothing (KEDA's calls for it get the parse error).
+fn routes_declared_by(
+    object: &DynamicObject,
+    owner: Owner,
+    context: &crate::scalers::Context,
+) -> Vec<RouteSpec> {
+    let Some(triggers) = object
+        .data
+        .pointer("/spec/triggers")
+        .and_then(Value::as_array)
+    else {
+        return Vec::new();
+    };
+    let context = crate::scalers::Context {
+        owner: Some(owner),
+        ..context.clone()
+    };
+    let no_auth = AuthParams::new();
+    let mut routes = Vec::new();
+    for trigger in triggers {
+        let kind = trigger.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind != "external" && kind != "external-push" {
+            continue;
+        }
+        let Some(metadata) = trigger.get("metadata").and_then(Value::as_object) else {
+            continue;
+        };
+        let metadata: std::collections::HashMap<String, String> = metadata
+            .iter()
+            .filter_map(|(key, value)| Some((key.clone(), value.as_str()?.to_string())))
+            .collect();
+        let Some(scaler) = metadata.get("scaler") else {
+            continue;
+        };
+        let params = Params::new(&metadata, &no_auth);
+        match crate::scalers::traffic::route_declared_by(scaler, &params, &context) {
+            Ok(Some(route)) => routes.push(route),
+            Ok(None) => {}
+            Err(error) => {
+                warn!(namespace = ?context.owner.as_ref().map(|o| &o.namespace), scaled_object = ?context.owner.as_ref().map(|o| &o.name), %error, "a trigger's route does not parse: it declares none")
+            }
+        }
+    }
+    routes
+}
+
+impl Driver {
+    /// Stops tracked triggers of changed ScaledObjects that the cluster no
+    /// longer backs: the ScaledObject is gone, or none of its triggers
+    /// carries the tracked metadata. KEDA's next call (if any) is checked
+    /// afresh.
+    pub(super) fn recheck_callers(&self, cluster: &Cluster, changed: &Changed) {
+        let stale: Vec<super::TriggerKey> = self
+            .read_triggers()
+            .values()
+            .filter(|tracked| {
+                changed.includes(&tracked.key.namespace, &tracked.key.name)
+                    && !backed(cluster, &tracked.key)
+            })
+            .map(|tracked| tracked.key.clone())
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        let mut triggers = self
+            .inner
+            .triggers
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        for key in &stale {
+            info!(namespace = %key.namespace, scaled_object = %key.name, "trigger stopped: its ScaledObject no longer has it");
+            self.inner.metrics.revoked("cluster");
+            self.forget(&mut triggers, key);
+        }
+        self.inner
+            .metrics
+            .tracked_triggers
+            .set(triggers.len() as i64);
+    }
+}
+
+/// Whether a ScaledObject in the store has a trigger with `key`'s metadata.
+fn backed(cluster: &Cluster, key: &super::TriggerKey) -> bool {
+    let Some(object) = cluster.raw_scaled_object(&key.namespace, &key.name) else {
+        return false;
+    };
+    let triggers = object
+        .data
+        .pointer("/spec/triggers")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    matching_trigger(triggers, &key.metadata_map()).is_ok()
+}
