@@ -126,6 +126,14 @@ impl CallerPolicy {
         }
     }
 
+    /// How long a caller checked against the cluster may wait for it.
+    pub fn wait(&self) -> std::time::Duration {
+        match self {
+            CallerPolicy::Cluster { wait, .. } => *wait,
+            _ => std::time::Duration::ZERO,
+        }
+    }
+
     /// What is known of the caller of a new trigger, or why it may not
     /// have one.
     pub async fn check(

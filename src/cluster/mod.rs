@@ -103,6 +103,8 @@ pub struct Cluster {
     /// What the ScaledObject watch applied, for those who follow the
     /// store by its changes instead of reading all of it.
     changes: broadcast::Sender<ObjectChange>,
+    /// Whether the watch's first list has completed.
+    listed: tokio::sync::watch::Sender<bool>,
 }
 
 /// A change the ScaledObject watch applied to the store.
@@ -184,8 +186,10 @@ impl Cluster {
             kinds: Mutex::new(HashMap::new()),
             server: server.clone(),
             changes: broadcast::channel(CHANGE_BACKLOG).0,
+            listed: tokio::sync::watch::Sender::new(false),
         });
         let changes = cluster.changes.clone();
+        let listed = cluster.listed.clone();
         let api: Api<DynamicObject> = Api::all_with(client, &resource);
         let stream = reflector::reflector(
             writer,
@@ -202,6 +206,9 @@ impl Cluster {
                 let mut error = watch_error.lock().unwrap_or_else(|e| e.into_inner());
                 match event {
                     Ok(event) => {
+                        if let watcher::Event::InitDone = event {
+                            listed.send_replace(true);
+                        }
                         if let Some(change) = ObjectChange::of(&event) {
                             // Nobody following is no error.
                             let _ = changes.send(change);
@@ -284,12 +291,15 @@ impl Cluster {
 
     /// Waits (at most `kubernetes.timeout`) for the watch's first list.
     pub async fn wait_synced(&self) {
-        let _ = tokio::time::timeout(self.settings.timeout, self.objects.wait_until_ready()).await;
+        // Not the store's own `wait_until_ready`: of several tasks waiting
+        // on it at once, only one was woken.
+        let mut listed = self.listed.subscribe();
+        let _ =
+            tokio::time::timeout(self.settings.timeout, listed.wait_for(|listed| *listed)).await;
     }
 
     fn synced(&self) -> bool {
-        // The store is ready once the watch's first list has completed.
-        futures::FutureExt::now_or_never(self.objects.wait_until_ready()).is_some()
+        *self.listed.borrow()
     }
 
     /// The target's counts from its `/scale` subresource.

@@ -16,13 +16,14 @@ use tracing::debug;
 pub use status::RpcError;
 
 use crate::callers::CallerPolicy;
-use crate::driver::{Answer, Driver, Reading, Tracked, TriggerKey};
+use crate::driver::{Answer, Driver, Reading, TrackError, Tracked, TriggerKey};
 use crate::metrics::{Metrics, RpcMetrics};
 use crate::proto::external_scaler_server::ExternalScaler;
 use crate::proto::{
     GetMetricSpecResponse, GetMetricsRequest, GetMetricsResponse, IsActiveResponse, MetricSpec,
     MetricValue, ScaledObjectRef,
 };
+use crate::routing::RouteError;
 
 pub struct ScalerService {
     driver: Driver,
@@ -58,7 +59,24 @@ impl ScalerService {
             .callers
             .check(&key.namespace, &key.name, &key.metadata_map())
             .await?;
-        Ok(self.driver.track(key, &caller)?)
+        // A route of a ScaledObject the watch just brought is decided a
+        // moment after the caller check sees it: wait for that decision.
+        let deadline = tokio::time::Instant::now() + self.callers.wait();
+        let mut decisions = self.driver.routes().map(|routes| routes.decisions());
+        loop {
+            if let Some(decisions) = &mut decisions {
+                decisions.borrow_and_update();
+            }
+            match self.driver.track(key.clone(), &caller) {
+                Err(TrackError::Route(RouteError::Pending { .. }))
+                    if tokio::time::Instant::now() < deadline
+                        && let Some(decisions) = &mut decisions =>
+                {
+                    let _ = tokio::time::timeout_at(deadline, decisions.changed()).await;
+                }
+                other => return Ok(other?),
+            }
+        }
     }
 
     /// What hoist reports for the trigger: the raw value in passthrough

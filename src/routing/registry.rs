@@ -168,6 +168,9 @@ pub struct Registry {
     local: Mutex<Option<LocalApply>>,
     /// Notified when the routes change: state worth saving.
     changed: Arc<Notify>,
+    /// Counts the cluster's decisions ([`Registry::set_declared`]), even
+    /// those that change no route (a refusal): for callers waiting on one.
+    decided: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -234,6 +237,7 @@ impl Registry {
             }),
             local: Mutex::new(None),
             changed,
+            decided: watch::Sender::new(0),
         }
     }
 
@@ -503,6 +507,12 @@ impl Registry {
         state.from_cluster = true;
         state.candidates = candidates;
         self.assign(&mut state);
+        self.decided.send_modify(|count| *count += 1);
+    }
+
+    /// Changes with every decision the cluster's ScaledObjects make.
+    pub fn decisions(&self) -> watch::Receiver<u64> {
+        self.decided.subscribe()
     }
 
     /// Whether declared routes come from the cluster (from now on).
