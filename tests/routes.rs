@@ -27,6 +27,10 @@ const PATIENCE: Duration = Duration::from_secs(10);
 /// tests' upstreams are on loopback, which the rules must allow.
 fn in_process() -> Settings {
     let mut settings = Settings::default();
+    // Tests without a cluster: callers are trusted (grpc.trust_callers),
+    // and any host may be routed.
+    settings.grpc.trust_callers = true;
+    settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
     settings.interceptor.enabled = true;
     settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
     settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
@@ -286,6 +290,10 @@ async fn a_claim_is_first_come_and_an_edit_moves_it_in_one_step() {
 #[tokio::test]
 async fn upstreams_hosts_and_ports_are_limited_by_the_rules() {
     let mut settings = Settings::default();
+    // Tests without a cluster: callers are trusted (grpc.trust_callers),
+    // and any host may be routed.
+    settings.grpc.trust_callers = true;
+    settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
     settings.interceptor.enabled = true;
     settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
     settings.interceptor.allowed_hosts = [(
@@ -548,11 +556,19 @@ async fn split_interceptors_learn_a_new_route_and_keep_it_while_the_scaler_is_aw
     let mut interceptors = Vec::new();
     for _ in 0..2 {
         let mut settings = Settings::default();
+        // Tests without a cluster: callers are trusted (grpc.trust_callers),
+        // and any host may be routed.
+        settings.grpc.trust_callers = true;
+        settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
         settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
         settings.interceptor.scaler = Some(scaler_admin.to_string());
         interceptors.push(Hoist::start_interceptor(settings).await);
     }
     let mut scaler = Settings::default();
+    // Tests without a cluster: callers are trusted (grpc.trust_callers),
+    // and any host may be routed.
+    scaler.grpc.trust_callers = true;
+    scaler.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
     scaler.admin.listen = scaler_admin;
     scaler.interceptor.endpoints = interceptors.iter().map(|i| i.admin.to_string()).collect();
     scaler.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];

@@ -45,6 +45,10 @@ impl Cluster {
     async fn interceptor(&self, upstream: SocketAddr) -> Hoist {
         let (cert, key) = self.servers.issue(SERVICE);
         let mut settings = Settings::default();
+        // Tests without a cluster: callers are trusted (grpc.trust_callers),
+        // and any host may be routed.
+        settings.grpc.trust_callers = true;
+        settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
         settings.admin.tls = Some(TlsSettings {
             cert_file: write(self.path(), "interceptor.crt", &cert),
             key_file: write(self.path(), "interceptor.key", &key),
@@ -81,6 +85,10 @@ impl Cluster {
 /// A scaler reading `interceptor` (dialled at 127.0.0.1) with `tls`.
 async fn scaler(interceptor: &Hoist, tls: ClientTlsSettings) -> Hoist {
     let mut settings = Settings::default();
+    // Tests without a cluster: callers are trusted (grpc.trust_callers),
+    // and any host may be routed.
+    settings.grpc.trust_callers = true;
+    settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
     settings.interceptor.endpoints = vec![interceptor.admin.to_string()];
     settings.interceptor.read_timeout = Duration::from_secs(2);
     settings.interceptor.tls = Some(tls);
@@ -250,6 +258,10 @@ async fn an_interceptor_follows_the_scalers_route_table_over_mtls() {
         .unwrap();
     let follower = |tls: Option<ClientTlsSettings>| {
         let mut settings = Settings::default();
+        // Tests without a cluster: callers are trusted (grpc.trust_callers),
+        // and any host may be routed.
+        settings.grpc.trust_callers = true;
+        settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
         settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
         settings.interceptor.scaler = Some(scaler_admin.to_string());
         settings.interceptor.tls = tls;
@@ -268,6 +280,10 @@ async fn an_interceptor_follows_the_scalers_route_table_over_mtls() {
 
     let (cert, key) = cluster.servers.issue(SCALER);
     let mut settings = Settings::default();
+    // Tests without a cluster: callers are trusted (grpc.trust_callers),
+    // and any host may be routed.
+    settings.grpc.trust_callers = true;
+    settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
     settings.admin.listen = scaler_admin;
     settings.admin.tls = Some(TlsSettings {
         cert_file: write(cluster.path(), "scaler.crt", &cert),
