@@ -396,6 +396,10 @@ async fn run_interceptor(
                 format!("{scheme}://{scaler}"),
                 client,
                 interceptor.control(),
+                crate::routing::RouteRules {
+                    interceptor: settings.interceptor.clone(),
+                    config_routes: Vec::new(),
+                },
                 status,
                 stop.clone(),
             ));

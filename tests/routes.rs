@@ -561,6 +561,8 @@ async fn split_interceptors_learn_a_new_route_and_keep_it_while_the_scaler_is_aw
         settings.grpc.trust_callers = true;
         settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
         settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
+        // A follower checks the table against its own rules.
+        settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
         settings.interceptor.scaler = Some(scaler_admin.to_string());
         interceptors.push(Hoist::start_interceptor(settings).await);
     }

@@ -263,6 +263,8 @@ async fn an_interceptor_follows_the_scalers_route_table_over_mtls() {
         settings.grpc.trust_callers = true;
         settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
         settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
+        // A follower checks the table against its own rules.
+        settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
         settings.interceptor.scaler = Some(scaler_admin.to_string());
         settings.interceptor.tls = tls;
         Hoist::start_interceptor(settings)

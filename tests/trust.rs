@@ -312,3 +312,41 @@ async fn a_reload_that_tightens_allowed_sources_stops_tracked_triggers() {
         refused.message()
     );
 }
+
+#[tokio::test]
+async fn a_split_interceptor_checks_the_scalers_table_against_its_own_rules() {
+    let scaler_admin: SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let mut follower = in_process();
+    follower.interceptor.enabled = false;
+    follower.interceptor.allowed_hosts =
+        [("*".to_string(), vec!["*.allowed.example".to_string()])].into();
+    follower.interceptor.scaler = Some(scaler_admin.to_string());
+    let follower = Hoist::start_interceptor(follower).await;
+    let mut scaler = in_process();
+    scaler.interceptor.enabled = false;
+    scaler.grpc.trust_callers = true;
+    scaler.admin.listen = scaler_admin;
+    scaler.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
+    scaler.interceptor.endpoints = vec![follower.admin.to_string()];
+    let scaler = Hoist::start_with(scaler).await;
+    let (good, bad) = (app("good").await, app("bad").await);
+    scaler
+        .spec(&route_call(
+            "default",
+            "good",
+            "web.allowed.example",
+            good.addr,
+        ))
+        .await;
+    scaler
+        .spec(&route_call("default", "bad", "web.example", bad.addr))
+        .await;
+    served_by(&follower, "web.allowed.example", "good").await;
+    assert_eq!(
+        through(&follower, "web.example").await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(bad.requests(), 0);
+}

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use super::table::RouteControl;
 use crate::logging::Summary;
 use crate::routing::api::{MAX_WAIT, PATH};
-use crate::routing::{RouteSpec, RouteTable};
+use crate::routing::{RouteRules, RouteSpec, RouteTable};
 
 /// How long to wait before asking again after a failure.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -50,6 +50,7 @@ pub async fn follow(
     base: String,
     client: reqwest::Client,
     control: RouteControl,
+    rules: RouteRules,
     status: watch::Sender<Following>,
     shutdown: CancellationToken,
 ) {
@@ -57,6 +58,8 @@ pub async fn follow(
     // What is in force here: the table's routes, then the carried ones.
     let mut applied: Vec<RouteSpec> = Vec::new();
     let mut carried: Vec<RouteSpec> = Vec::new();
+    // Routes refused by the rules, warned about once each.
+    let mut refused = std::collections::BTreeSet::new();
     loop {
         let mut url = format!("{base}{PATH}?wait={}", MAX_WAIT.as_secs());
         if let Some(seen) = &seen {
@@ -85,8 +88,24 @@ pub async fn follow(
                         "the scaler restarted without its routes; keeping ours until its triggers declare theirs again"
                     );
                 }
-                let in_force: Vec<RouteSpec> =
-                    table.routes.iter().chain(&carried).cloned().collect();
+                // The table is the scaler's word, not this interceptor's:
+                // its own rules are checked again (a scaler configured
+                // otherwise, or whoever answers at its address).
+                let in_force: Vec<RouteSpec> = table
+                    .routes
+                    .iter()
+                    .chain(&carried)
+                    .filter(|spec| match rules.allows(spec) {
+                        Ok(()) => true,
+                        Err(error) => {
+                            if refused.insert(spec.name.clone()) {
+                                warn!(route = %spec.name, %error, "a route of the scaler's table breaks this interceptor's rules: not served");
+                            }
+                            false
+                        }
+                    })
+                    .cloned()
+                    .collect();
                 if in_force != applied {
                     info!(
                         version = table.version,

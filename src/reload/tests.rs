@@ -174,7 +174,7 @@ impl Scaler {
     async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("hoist.toml");
-        let first = "[interceptor]\nhttp_listen = \"127.0.0.1:0\"\nenabled = true\n";
+        let first = "[interceptor]\nhttp_listen = \"127.0.0.1:0\"\nenabled = true\n[interceptor.allowed_hosts]\n\"*\" = [\"*.example\"]\n";
         std::fs::write(&file, first).unwrap();
         let source = ConfigSource::new(Some(file.clone()), Vec::new(), Overrides::default());
         let settings = source.load().unwrap();
@@ -243,6 +243,7 @@ fn config(rules: &str, name: &str, host: &str, port: SocketAddr) -> String {
         r#"
 [interceptor]
 {rules}
+allowed_hosts = {{ "*" = ["*.example"] }}
 [[interceptor.http_routes]]
 name = "{name}"
 host = "{host}"
@@ -263,28 +264,29 @@ fn free_port() -> SocketAddr {
 }
 
 #[tokio::test]
-async fn a_config_route_taking_a_declared_claim_is_refused_before_the_interceptor_moves() {
+async fn a_config_route_taking_a_declared_claim_wins_and_the_declared_route_is_released() {
     let scaler = Scaler::start().await;
     let port = free_port();
     scaler.write(&config("", "takeover", "shop.example", port));
-    let error = scaler.reloader.reload(Cause::Signal).unwrap_err();
-    assert!(matches!(error, ReloadError::Route(_)), "{error}");
+    scaler
+        .reloader
+        .reload(Cause::Signal)
+        .expect("the operator's route is applied, not refused");
+    assert!(scaler.serves("takeover") && scaler.serves("db"));
+    assert!(!scaler.serves(&scaler.declared.name));
+    assert!(scaler.declared_routes().is_empty());
+    let refused = scaler
+        .driver
+        .routes()
+        .unwrap()
+        .claim(b"shop-trigger", &scaler.declared)
+        .unwrap_err();
     assert!(
-        error.to_string().contains("interceptor.http_routes"),
-        "{error}"
+        refused.to_string().contains("route `takeover`"),
+        "{refused}"
     );
-    // The interceptor never bound the new port, nor took either route.
-    std::net::TcpListener::bind(port).expect("the new route's port is still free");
-    assert!(!scaler.serves("takeover") && !scaler.serves("db"));
-    assert!(scaler.serves(&scaler.declared.name));
     let status = scaler.reloader.status();
-    assert_eq!((status.applied, status.refused), (0, 1));
-    let last = status.last_reload.unwrap();
-    assert_eq!(
-        (last.result.as_str(), last.cause.as_str()),
-        ("refused", "signal")
-    );
-    assert_eq!(last.error, Some(error.to_string()));
+    assert_eq!((status.applied, status.refused), (1, 0));
 }
 
 #[tokio::test]

@@ -91,7 +91,7 @@ pub struct RouteRules {
 impl RouteRules {
     /// Whether a declared route may be what it is. Errors name the
     /// metadata key and the setting that refuses it.
-    fn allows(&self, spec: &RouteSpec) -> Result<(), RouteError> {
+    pub fn allows(&self, spec: &RouteSpec) -> Result<(), RouteError> {
         let Some(owner) = &spec.owner else {
             return Ok(());
         };
