@@ -494,6 +494,7 @@ fn too_slow(route: &str, timeout: Duration) -> Response<ProxyBody> {
 fn refused(error: &UpstreamError) -> Response<ProxyBody> {
     let status = match error {
         UpstreamError::ColdStartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        UpstreamError::Denied { .. } => StatusCode::BAD_GATEWAY,
         UpstreamError::TooManyHeld { .. }
         | UpstreamError::ShuttingDown { .. }
         | UpstreamError::Moved { .. }

@@ -10,6 +10,7 @@
 
 pub mod counters;
 mod deadline;
+mod dial;
 pub mod fleet;
 pub mod follow;
 mod http;
