@@ -16,6 +16,7 @@ pub mod follow;
 mod http;
 mod http1_pool;
 pub mod report;
+mod request_path;
 pub mod route_metrics;
 pub mod table;
 mod tcp;
