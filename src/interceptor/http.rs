@@ -25,10 +25,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::Routes;
-use super::request_path;
 use super::counters::{InFlight, RouteCounters};
 use super::deadline::{Activity, Deadlines};
 use super::http1_pool::{Http1Pool, SendError};
+use super::request_path;
 use super::upstream::{Upstream, UpstreamError};
 use crate::listen::ConnectionLimit;
 use arc_swap::ArcSwap;

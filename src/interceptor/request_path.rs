@@ -58,7 +58,9 @@ fn decode_unreserved(path: &str, allow_encoded_slashes: bool) -> Result<Cow<'_, 
             at += 1;
             continue;
         }
-        let Some(byte) = hex(bytes[at + 1]).zip(hex(bytes[at + 2])).map(|(h, l)| h << 4 | l)
+        let Some(byte) = hex(bytes[at + 1])
+            .zip(hex(bytes[at + 2]))
+            .map(|(h, l)| h << 4 | l)
         else {
             at += 1;
             continue;
@@ -158,14 +160,24 @@ mod tests {
 
     #[test]
     fn plain_paths_are_not_copied() {
-        assert!(matches!(normalize("/api/orders", false), Ok(Cow::Borrowed(_))));
-        assert!(matches!(normalize("/file.txt", false), Ok(Cow::Borrowed(_))));
+        assert!(matches!(
+            normalize("/api/orders", false),
+            Ok(Cow::Borrowed(_))
+        ));
+        assert!(matches!(
+            normalize("/file.txt", false),
+            Ok(Cow::Borrowed(_))
+        ));
     }
 
     #[test]
     fn encoded_slashes_and_backslashes_are_refused_unless_allowed() {
         for path in ["/api%2F..%2Fadmin", "/a%2fb", "/a%5Cb", "/a%5cb"] {
-            assert_eq!(normalize(path, false), Err(PathError::EncodedSlash), "{path}");
+            assert_eq!(
+                normalize(path, false),
+                Err(PathError::EncodedSlash),
+                "{path}"
+            );
         }
         assert_eq!(normal_allowed("/a%2Fb/../c"), "/c");
         assert_eq!(normal_allowed("/a%2F..%2Fb"), "/a%2F..%2Fb");
