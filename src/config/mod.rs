@@ -245,6 +245,8 @@ pub struct InterceptorSettings {
     /// paths; by default such a request gets a 400.
     pub allow_encoded_slashes: bool,
     /// Names resolved without the system's resolver (code only: tests).
+    /// A reload reads no code: routes built after one resolve through
+    /// the system again.
     #[serde(skip)]
     pub host_overrides: HostOverrides,
 }

@@ -888,6 +888,23 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_is_named_per_rfc_7239_and_trusted_by_network() {
+        let settings = crate::config::InterceptorSettings {
+            trusted_proxies: vec!["10.0.0.0/8".into()],
+            ..Default::default()
+        };
+        let limits = ClientLimits::from(&settings);
+        let v6 = Peer::new("[::1]:4000".parse().unwrap(), &limits);
+        assert_eq!(v6.forwarded, "for=\"[::1]\";proto=http");
+        assert_eq!(v6.ip, "::1");
+        assert!(!v6.trusted);
+        // A v4 client on a dual-stack listener arrives IPv4-mapped.
+        let mapped = Peer::new("[::ffff:10.1.2.3]:4000".parse().unwrap(), &limits);
+        assert_eq!(mapped.forwarded, "for=10.1.2.3;proto=http");
+        assert!(mapped.trusted);
+    }
+
+    #[test]
     fn http2_cookie_fields_become_one_for_http1() {
         let mut headers = HeaderMap::new();
         headers.append(header::COOKIE, HeaderValue::from_static("a=1"));
