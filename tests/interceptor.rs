@@ -18,13 +18,14 @@ use hoist::proto::external_scaler_client::ExternalScalerClient;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use support::web::{AppPort, Body, Upstream, echo, full, http1_client, read_head, send};
+use support::web::{
+    AppPort, Upstream, echo, full, h2c_client, http1_client, read_head, send, send_h2,
+};
 use support::{Hoist, eventually, object};
 
 /// How long a test waits for what should happen within milliseconds.
@@ -50,12 +51,6 @@ fn with_routes(http: Vec<HttpRouteSettings>, tcp: Vec<TcpRouteSettings>) -> Sett
     settings
 }
 
-fn h2c_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Body> {
-    Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build_http()
-}
-
 async fn routes(admin: SocketAddr) -> RoutesReport {
     let (status, body) = support::http_get(admin, "/interceptor/routes").await;
     assert_eq!(status, 200, "{body}");
@@ -65,11 +60,10 @@ async fn routes(admin: SocketAddr) -> RoutesReport {
 #[tokio::test]
 async fn http1_requests_keep_their_host_and_gain_forwarded_headers() {
     let upstream = Upstream::start(echo).await;
-    let hoist = Hoist::start_with(with_routes(
-        vec![http_route("web", "web.test", upstream.addr)],
-        vec![],
-    ))
-    .await;
+    let mut settings = with_routes(vec![http_route("web", "web.test", upstream.addr)], vec![]);
+    // The test client stands for a proxy in front (tests/edge.rs: others).
+    settings.interceptor.trusted_proxies = vec!["127.0.0.1".into()];
+    let hoist = Hoist::start_with(settings).await;
     let proxy = hoist.http_proxy.expect("an HTTP proxy");
     let client = http1_client();
 
@@ -122,14 +116,18 @@ async fn h2c_in_and_out() {
     let proxy = hoist.http_proxy.unwrap();
 
     // An h2c client (HTTP/2 with prior knowledge) to an HTTP/1.1 upstream.
-    let (status, body) = send(&h2c_client(), proxy, "web.test", "/a").await;
+    let (status, body) = send_h2(proxy, "web.test", "/a").await;
     assert_eq!(status, StatusCode::OK);
     assert!(body.contains("version=HTTP/1.1"), "{body}");
     assert!(body.contains("host=web.test"), "{body}");
 
     // Either client to an h2c upstream.
-    for client in [http1_client(), h2c_client()] {
-        let (status, body) = send(&client, proxy, "grpc.test", "/b").await;
+    for http2 in [false, true] {
+        let (status, body) = if http2 {
+            send_h2(proxy, "grpc.test", "/b").await
+        } else {
+            send(&http1_client(), proxy, "grpc.test", "/b").await
+        };
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("version=HTTP/2.0"), "{body}");
         assert!(body.contains("host=grpc.test"), "{body}");
@@ -626,7 +624,7 @@ async fn an_h2c_upstream_holds_each_request_on_its_own_and_caps_them() {
     let mut held = Vec::new();
     for _ in 0..2 {
         held.push(tokio::spawn(async move {
-            send(&h2c_client(), proxy, "grpc.test", "/held").await
+            send_h2(proxy, "grpc.test", "/held").await
         }));
     }
     eventually(PATIENCE, "two requests to be held", || async {
@@ -634,7 +632,7 @@ async fn an_h2c_upstream_holds_each_request_on_its_own_and_caps_them() {
     })
     .await;
     // Past the cap, at once.
-    let (status, body) = send(&h2c_client(), proxy, "grpc.test", "/third").await;
+    let (status, body) = send_h2(proxy, "grpc.test", "/third").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
 
     let upstream = Upstream::serve(app.listen(), echo);
@@ -705,11 +703,15 @@ async fn an_app_that_accepts_and_never_answers_gets_a_504_at_the_response_timeou
     let hoist = Hoist::start_with(with_routes(vec![http1, h2c], vec![])).await;
     let proxy = hoist.http_proxy.unwrap();
 
-    for (client, host, route) in [
-        (http1_client(), "web.test", "web"),
-        (h2c_client(), "grpc.test", "grpc-app"),
-    ] {
-        let (status, body) = tokio::time::timeout(PATIENCE, send(&client, proxy, host, "/slow"))
+    for (http2, host, route) in [(false, "web.test", "web"), (true, "grpc.test", "grpc-app")] {
+        let answer = async {
+            if http2 {
+                send_h2(proxy, host, "/slow").await
+            } else {
+                send(&http1_client(), proxy, host, "/slow").await
+            }
+        };
+        let (status, body) = tokio::time::timeout(PATIENCE, answer)
             .await
             .expect("an answer well before the test's patience runs out");
         assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{route}: {body}");
@@ -800,11 +802,13 @@ async fn routes_split_by_path_prefix_and_merge_http2_cookies_for_http1() {
     let site = Upstream::start(echo).await;
     let mut api_route = http_route("api", "shop.test", api.addr);
     api_route.path_prefix = Some("/api".into());
-    let hoist = Hoist::start_with(with_routes(
+    let mut settings = with_routes(
         vec![api_route, http_route("site", "shop.test", site.addr)],
         vec![],
-    ))
-    .await;
+    );
+    // The test client stands for a proxy in front (tests/edge.rs: others).
+    settings.interceptor.trusted_proxies = vec!["127.0.0.1".into()];
+    let hoist = Hoist::start_with(settings).await;
     let proxy = hoist.http_proxy.unwrap();
     let client = http1_client();
     for (path, upstream) in [
@@ -820,14 +824,13 @@ async fn routes_split_by_path_prefix_and_merge_http2_cookies_for_http1() {
     }
 
     let request = Request::builder()
-        .uri(format!("http://{proxy}/"))
-        .header("host", "shop.test")
+        .uri("http://shop.test/")
         .header("cookie", "a=1")
         .header("cookie", "b=2")
         .header("x-forwarded-proto", "https")
         .body(full(""))
         .unwrap();
-    let response = h2c_client().request(request).await.unwrap();
+    let response = h2c_client(proxy).request(request).await.unwrap();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let body = String::from_utf8_lossy(&body);
     assert!(

@@ -34,6 +34,8 @@ fn in_process() -> Settings {
     settings.interceptor.enabled = true;
     settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
     settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
+    // Loopback is denied by default (tests/edge.rs tests the fence).
+    settings.interceptor.denied_networks = vec![];
     settings
 }
 
@@ -564,6 +566,7 @@ async fn split_interceptors_learn_a_new_route_and_keep_it_while_the_scaler_is_aw
         // A follower checks the table against its own rules.
         settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
         settings.interceptor.scaler = Some(scaler_admin.to_string());
+        settings.interceptor.denied_networks = vec![];
         interceptors.push(Hoist::start_interceptor(settings).await);
     }
     let mut scaler = Settings::default();

@@ -267,6 +267,8 @@ async fn an_interceptor_follows_the_scalers_route_table_over_mtls() {
         settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
         settings.interceptor.scaler = Some(scaler_admin.to_string());
         settings.interceptor.tls = tls;
+        // Loopback is denied by default (tests/edge.rs tests the fence).
+        settings.interceptor.denied_networks = vec![];
         Hoist::start_interceptor(settings)
     };
     let mut trusted = cluster.channel("interceptor");

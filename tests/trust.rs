@@ -31,6 +31,8 @@ fn in_process() -> Settings {
     settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
     settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
     settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*.example".to_string()])].into();
+    // The apps are on loopback, which declared routes may not reach by default.
+    settings.interceptor.denied_networks = Vec::new();
     settings
 }
 

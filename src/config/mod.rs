@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod networks;
 mod tls;
+
+pub use networks::{HostOverrides, OWN_ADDRESSES, contains as network_contains, parse_network};
 
 pub use tls::{ClientTlsInvalid, ClientTlsSettings, TlsSettings};
 
@@ -241,6 +244,22 @@ pub struct InterceptorSettings {
     /// interceptors, and by interceptors reading the scaler): the other
     /// side's admin port must then serve TLS (`admin.tls`).
     pub tls: Option<ClientTlsSettings>,
+    /// Networks (CIDRs, or single addresses) a declared route's upstream
+    /// may not connect to, checked at every new upstream connection;
+    /// `self` stands for hoist's own addresses. Config-file routes are
+    /// exempt. Default: loopback, link-local, unspecified, `self`.
+    pub denied_networks: Vec<String>,
+    /// Peers (CIDRs) whose `X-Forwarded-*`, `Forwarded` and `X-Real-IP`
+    /// headers are kept (appended to); anyone else's are replaced.
+    pub trusted_proxies: Vec<String>,
+    /// Let `%2F` and `%5C` (an encoded `/` or `\`) through in request
+    /// paths; by default such a request gets a 400.
+    pub allow_encoded_slashes: bool,
+    /// Names resolved without the system's resolver (code only: tests).
+    /// A reload reads no code: routes built after one resolve through
+    /// the system again.
+    #[serde(skip)]
+    pub host_overrides: HostOverrides,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -315,6 +334,10 @@ impl Default for InterceptorSettings {
             cluster_domain: "cluster.local".to_string(),
             scaler: None,
             tls: None,
+            denied_networks: networks::default_denied_networks(),
+            trusted_proxies: Vec::new(),
+            allow_encoded_slashes: false,
+            host_overrides: HostOverrides::default(),
         }
     }
 }
@@ -412,6 +435,20 @@ impl InterceptorSettings {
                 "interceptor.cluster_domain",
                 format!("`{}` is not a DNS domain", self.cluster_domain),
             ));
+        }
+        for entry in &self.denied_networks {
+            if entry != OWN_ADDRESSES {
+                parse_network(entry).map_err(|reason| {
+                    invalid(
+                        "interceptor.denied_networks",
+                        format!("{reason}, or `{OWN_ADDRESSES}` (hoist's own addresses)"),
+                    )
+                })?;
+            }
+        }
+        for entry in &self.trusted_proxies {
+            parse_network(entry)
+                .map_err(|reason| invalid("interceptor.trusted_proxies", reason))?;
         }
         if let Some(scaler) = &self.scaler
             && !host_port(scaler)
@@ -915,6 +952,8 @@ impl Settings {
                 .list_separator(",")
                 .with_list_parse_key("limits.allowed_sources")
                 .with_list_parse_key("interceptor.endpoints")
+                .with_list_parse_key("interceptor.denied_networks")
+                .with_list_parse_key("interceptor.trusted_proxies")
                 .source(Some(env)),
         );
         if let Some(listen) = overrides.grpc_listen {
@@ -1106,6 +1145,48 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn interceptor_address_lists_load_from_a_file_and_the_environment() {
+        let defaults = Settings::load(None, env(&[]), &Overrides::default()).unwrap();
+        assert!(
+            defaults
+                .interceptor
+                .denied_networks
+                .contains(&"127.0.0.0/8".to_string())
+        );
+        assert!(
+            defaults
+                .interceptor
+                .denied_networks
+                .contains(&OWN_ADDRESSES.to_string())
+        );
+        assert!(defaults.interceptor.trusted_proxies.is_empty());
+        assert!(!defaults.interceptor.allow_encoded_slashes);
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hoist.toml");
+        std::fs::write(&file, "[interceptor]\ndenied_networks = []\n").unwrap();
+        let emptied = Settings::load(Some(&file), env(&[]), &Overrides::default()).unwrap();
+        assert!(
+            emptied.interceptor.denied_networks.is_empty(),
+            "[] turns it off"
+        );
+
+        let vars = env(&[
+            ("HOIST_INTERCEPTOR__TRUSTED_PROXIES", "10.0.0.0/8,192.0.2.7"),
+            ("HOIST_INTERCEPTOR__DENIED_NETWORKS", "169.254.0.0/16,self"),
+        ]);
+        let listed = Settings::load(None, vars, &Overrides::default()).unwrap();
+        assert_eq!(
+            listed.interceptor.trusted_proxies,
+            ["10.0.0.0/8", "192.0.2.7"]
+        );
+        assert_eq!(
+            listed.interceptor.denied_networks,
+            ["169.254.0.0/16", "self"]
+        );
     }
 
     #[test]
@@ -1375,6 +1456,8 @@ password = { file = "/var/run/secrets/redis/password" }
             ("[shutdown]\ndrain_delay = \"2h\"\n".to_string(), "shutdown.drain_delay"),
             ("[shutdown]\ngrace = \"2h\"\n".to_string(), "shutdown.grace"),
             ("[limits]\nmax_tracked_metadata_bytes = 10\n".to_string(), "limits.max_tracked_metadata_bytes"),
+            ("[interceptor]\ndenied_networks = [\"10.0.0.0/33\"]\n".to_string(), "interceptor.denied_networks"),
+            ("[interceptor]\ntrusted_proxies = [\"self\"]\n".to_string(), "interceptor.trusted_proxies"),
         ];
         for (text, key) in cases {
             std::fs::write(&file, &text).unwrap();

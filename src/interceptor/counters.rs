@@ -35,6 +35,9 @@ pub struct RouteCounters {
     cold_starts: watch::Sender<u64>,
     /// Answers the interceptor gave itself: 502, 503, 504.
     refusals: [AtomicU64; 3],
+    /// Requests (connections) refused because every address of the
+    /// upstream is in `interceptor.denied_networks`.
+    upstream_denied: AtomicU64,
 }
 
 /// The statuses the interceptor answers itself with, in `refusals` order.
@@ -83,6 +86,16 @@ impl RouteCounters {
         })
     }
 
+    /// Counts a request (connection) whose upstream's addresses are all
+    /// denied.
+    pub fn upstream_denied(&self) {
+        self.upstream_denied.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn upstream_denied_total(&self) -> u64 {
+        self.upstream_denied.load(Ordering::Relaxed)
+    }
+
     pub fn new(epoch: Instant) -> Self {
         Self {
             epoch,
@@ -94,6 +107,7 @@ impl RouteCounters {
             concurrency: std::array::from_fn(|_| AtomicU64::new(0)),
             cold_starts: watch::Sender::new(0),
             refusals: Default::default(),
+            upstream_denied: AtomicU64::new(0),
         }
     }
 

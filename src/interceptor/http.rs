@@ -28,6 +28,7 @@ use super::Routes;
 use super::counters::{InFlight, RouteCounters};
 use super::deadline::{Activity, Deadlines};
 use super::http1_pool::{Http1Pool, SendError};
+use super::request_path;
 use super::upstream::{Upstream, UpstreamError};
 use crate::listen::ConnectionLimit;
 use arc_swap::ArcSwap;
@@ -155,8 +156,9 @@ impl HttpRouter {
 
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How client connections are kept in check (see `InterceptorSettings`).
-#[derive(Debug, Clone, Copy)]
+/// How client connections are kept in check, and what a client is
+/// believed (see `InterceptorSettings`).
+#[derive(Debug, Clone)]
 pub struct ClientLimits {
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
@@ -164,6 +166,9 @@ pub struct ClientLimits {
     pub http2_max_concurrent_streams: u32,
     pub http2_keepalive_interval: Duration,
     pub http2_keepalive_timeout: Duration,
+    /// Peers whose forwarded headers are kept (`trusted_proxies`).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    pub allow_encoded_slashes: bool,
 }
 
 impl From<&crate::config::InterceptorSettings> for ClientLimits {
@@ -175,6 +180,13 @@ impl From<&crate::config::InterceptorSettings> for ClientLimits {
             http2_max_concurrent_streams: settings.http2_max_concurrent_streams,
             http2_keepalive_interval: settings.http2_keepalive_interval,
             http2_keepalive_timeout: settings.http2_keepalive_timeout,
+            // Entries were checked when the settings were loaded.
+            trusted_proxies: settings
+                .trusted_proxies
+                .iter()
+                .filter_map(|entry| crate::config::parse_network(entry).ok())
+                .collect(),
+            allow_encoded_slashes: settings.allow_encoded_slashes,
         }
     }
 }
@@ -208,7 +220,7 @@ pub async fn serve(
         }
         let routes = routes.clone();
         // Built once per connection, not once per request.
-        let client_end = Arc::new(Peer::new(peer));
+        let client_end = Arc::new(Peer::new(peer, &current));
         let activity = Activity::new();
         let stream = Deadlines::new(
             stream,
@@ -271,18 +283,33 @@ fn server_builder(limits: &ClientLimits) -> hyper_util::server::conn::auto::Buil
     builder
 }
 
-/// The client end of a connection, as forwarded headers name it.
+/// The client end of a connection: how forwarded headers name it, and
+/// what it is believed. Built once per connection, not per request.
 struct Peer {
-    address: String,
-    forwarded_for: Option<HeaderValue>,
+    /// The address, for `X-Forwarded-For` and `X-Real-IP`.
+    ip: HeaderValue,
+    /// This hop's `Forwarded` element (RFC 7239): `for=…;proto=http`.
+    forwarded: HeaderValue,
+    /// In `interceptor.trusted_proxies`: its forwarded headers are kept.
+    trusted: bool,
+    allow_encoded_slashes: bool,
 }
 
 impl Peer {
-    fn new(peer: SocketAddr) -> Self {
-        let address = peer.ip().to_string();
+    fn new(peer: SocketAddr, limits: &ClientLimits) -> Self {
+        let ip = peer.ip().to_canonical();
+        let address = ip.to_string();
+        // An IPv6 node is quoted and bracketed (RFC 7239 §6).
+        let node = match ip {
+            std::net::IpAddr::V4(_) => address.clone(),
+            std::net::IpAddr::V6(_) => format!("\"[{address}]\""),
+        };
         Self {
-            forwarded_for: HeaderValue::from_str(&address).ok(),
-            address,
+            ip: HeaderValue::from_str(&address).unwrap_or(HeaderValue::from_static("unknown")),
+            forwarded: HeaderValue::from_str(&format!("for={node};proto=http"))
+                .unwrap_or(HeaderValue::from_static("for=unknown;proto=http")),
+            trusted: crate::config::network_contains(&limits.trusted_proxies, ip),
+            allow_encoded_slashes: limits.allow_encoded_slashes,
         }
     }
 }
@@ -301,19 +328,26 @@ async fn proxy(
             );
         }
     };
-    let route = routes
-        .current()
-        .http
-        .find(host, request.uri().path())
-        .cloned();
+    // Routed by, and forwarded with, the normalised path.
+    let path = match request_path::normalize(request.uri().path(), peer.allow_encoded_slashes) {
+        Ok(path) => path,
+        Err(reason) => {
+            return plain(
+                StatusCode::BAD_REQUEST,
+                format!("hoist interceptor: {reason}\n"),
+            );
+        }
+    };
+    let route = routes.current().http.find(host, &path).cloned();
     let Some(route) = route else {
         return plain(
             StatusCode::NOT_FOUND,
-            format!(
-                "hoist interceptor: no route for host `{host}` and path `{}`\n",
-                request.uri().path()
-            ),
+            format!("hoist interceptor: no route for host `{host}` and path `{path}`\n"),
         );
+    };
+    let rewritten = match path {
+        std::borrow::Cow::Owned(path) => Some(path),
+        std::borrow::Cow::Borrowed(_) => None,
     };
     let in_flight = route.counters.start(Instant::now());
     let client_version = request.version();
@@ -330,8 +364,23 @@ async fn proxy(
         // absolute-form target replaces `Host` (RFC 9112 §3.2.2).
         parts.headers.insert(header::HOST, value);
     }
+    // What the client asked for as host, for `X-Forwarded-Host`.
+    let forwarded_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
+    });
     let pooled = !route.upstream_http2 && client_upgrade.is_none();
     let mut uri = std::mem::take(&mut parts.uri).into_parts();
+    if let Some(path) = rewritten {
+        let query = uri.path_and_query.as_ref().and_then(|pq| pq.query());
+        let target = match query {
+            Some(query) => format!("{path}?{query}"),
+            None => path,
+        };
+        uri.path_and_query = PathAndQuery::try_from(target).ok();
+    }
     if pooled {
         // Written as is on the connection: an HTTP/1.1 origin server gets
         // the origin form (`/path?query`), as from any client.
@@ -366,7 +415,7 @@ async fn proxy(
             join_cookies(&mut parts.headers);
         }
     }
-    forwarded_headers(&mut parts.headers, peer);
+    forwarded_headers(&mut parts.headers, peer, forwarded_host);
 
     // Held here, each request on its own deadline and under the cap, while
     // the upstream is at zero; connecting waits the same way for the rest.
@@ -494,6 +543,7 @@ fn too_slow(route: &str, timeout: Duration) -> Response<ProxyBody> {
 fn refused(error: &UpstreamError) -> Response<ProxyBody> {
     let status = match error {
         UpstreamError::ColdStartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        UpstreamError::Denied { .. } => StatusCode::BAD_GATEWAY,
         UpstreamError::TooManyHeld { .. }
         | UpstreamError::ShuttingDown { .. }
         | UpstreamError::Moved { .. }
@@ -540,6 +590,17 @@ fn request_host<B>(request: &Request<B>) -> Result<&str, &'static str> {
         && let Some(authority) = authority
     {
         return Ok(authority);
+    }
+    // A request whose `Host` names another authority than `:authority`
+    // is malformed (RFC 9113 §8.3.1): which one a hop routes by, and which
+    // one the app believes, would differ.
+    if version == Version::HTTP_2
+        && let (Some(host), Some(authority)) = (host, request.uri().authority())
+        && !host
+            .as_bytes()
+            .eq_ignore_ascii_case(authority.as_str().as_bytes())
+    {
+        return Err("the Host header differs from :authority");
     }
     match host {
         Some(value) => value
@@ -617,22 +678,70 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-fn forwarded_headers(headers: &mut HeaderMap, peer: &Peer) {
-    let earlier = headers
-        .get("x-forwarded-for")
-        .and_then(|value| value.to_str().ok());
-    let forwarded_for = match earlier {
-        Some(earlier) => HeaderValue::from_str(&format!("{earlier}, {}", peer.address)).ok(),
-        None => peer.forwarded_for.clone(),
-    };
-    if let Some(value) = forwarded_for {
-        headers.insert("x-forwarded-for", value);
+/// Sets the headers that tell the app who the client is. Who sends them:
+/// any client, so what a client wrote is dropped, unless the peer is a
+/// proxy the operator trusts (`interceptor.trusted_proxies`), whose
+/// values are kept and to whose lists this hop is appended.
+fn forwarded_headers(headers: &mut HeaderMap, peer: &Peer, host: Option<HeaderValue>) {
+    if !peer.trusted {
+        for name in &FORWARDING {
+            headers.remove(name);
+        }
+        headers.insert(X_FORWARDED_FOR, peer.ip.clone());
+        headers.insert(X_REAL_IP, peer.ip.clone());
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        headers.insert(header::FORWARDED, peer.forwarded.clone());
+        if let Some(host) = host {
+            headers.insert(X_FORWARDED_HOST, host);
+        }
+        return;
+    }
+    append_hop(headers, X_FORWARDED_FOR, &peer.ip);
+    append_hop(headers, header::FORWARDED, &peer.forwarded);
+    if !headers.contains_key(X_REAL_IP) {
+        headers.insert(X_REAL_IP, peer.ip.clone());
     }
     // A proxy in front (TLS termination) knows the original scheme better.
-    if !headers.contains_key("x-forwarded-proto") {
-        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    if !headers.contains_key(X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+    if let Some(host) = host
+        && !headers.contains_key(X_FORWARDED_HOST)
+    {
+        headers.insert(X_FORWARDED_HOST, host);
     }
 }
+
+/// Appends `hop` to a comma-separated list header (all its fields joined).
+fn append_hop(headers: &mut HeaderMap, name: HeaderName, hop: &HeaderValue) {
+    let mut joined: Vec<u8> = Vec::new();
+    for value in headers.get_all(&name) {
+        joined.extend_from_slice(value.as_bytes());
+        joined.extend_from_slice(b", ");
+    }
+    if joined.is_empty() {
+        headers.insert(name, hop.clone());
+        return;
+    }
+    joined.extend_from_slice(hop.as_bytes());
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(name, value);
+    }
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// The headers that say who the client is.
+const FORWARDING: [HeaderName; 5] = [
+    X_FORWARDED_FOR,
+    X_FORWARDED_PROTO,
+    X_FORWARDED_HOST,
+    header::FORWARDED,
+    X_REAL_IP,
+];
 
 fn plain(status: StatusCode, body: String) -> Response<ProxyBody> {
     let mut response = Response::new(
@@ -776,6 +885,23 @@ mod tests {
         assert!(route.matches("web.example.com", "/api/orders"));
         assert!(!route.matches("web.example.com", "/apix"));
         assert!(!route.matches("other.example.com", "/api"));
+    }
+
+    #[test]
+    fn a_peer_is_named_per_rfc_7239_and_trusted_by_network() {
+        let settings = crate::config::InterceptorSettings {
+            trusted_proxies: vec!["10.0.0.0/8".into()],
+            ..Default::default()
+        };
+        let limits = ClientLimits::from(&settings);
+        let v6 = Peer::new("[::1]:4000".parse().unwrap(), &limits);
+        assert_eq!(v6.forwarded, "for=\"[::1]\";proto=http");
+        assert_eq!(v6.ip, "::1");
+        assert!(!v6.trusted);
+        // A v4 client on a dual-stack listener arrives IPv4-mapped.
+        let mapped = Peer::new("[::ffff:10.1.2.3]:4000".parse().unwrap(), &limits);
+        assert_eq!(mapped.forwarded, "for=10.1.2.3;proto=http");
+        assert!(mapped.trusted);
     }
 
     #[test]

@@ -10,11 +10,13 @@
 
 pub mod counters;
 mod deadline;
+mod dial;
 pub mod fleet;
 pub mod follow;
 mod http;
 mod http1_pool;
 pub mod report;
+mod request_path;
 pub mod route_metrics;
 pub mod table;
 mod tcp;

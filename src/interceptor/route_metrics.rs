@@ -30,6 +30,11 @@ struct RefusalLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeniedLabels {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ListenerLabels {
     listener: String,
 }
@@ -110,6 +115,22 @@ impl prometheus_client::collector::Collector for RouteTraffic {
                 };
                 ConstCounter::new(count).encode(answered.encode_family(&labels)?)?;
             }
+        }
+        let mut denied = encoder.encode_descriptor(
+            "hoist_interceptor_upstream_denied",
+            "Requests (HTTP, answered 502) or connections (TCP, closed) of declared routes not forwarded because every address their upstream resolved to is in interceptor.denied_networks",
+            None,
+            MetricType::Counter,
+        )?;
+        for (name, route) in self.0.current().iter() {
+            if route.spec.owner.is_none() {
+                continue;
+            }
+            let labels = DeniedLabels {
+                route: name.clone(),
+            };
+            ConstCounter::new(route.counters.upstream_denied_total())
+                .encode(denied.encode_family(&labels)?)?;
         }
         let mut open = encoder.encode_descriptor(
             "hoist_interceptor_connections",

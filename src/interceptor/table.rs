@@ -21,10 +21,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use super::counters::RouteCounters;
+use super::dial::{Dialer, Fence};
 use super::http::{ClientLimits, HttpRoute, HttpRouter};
 use super::upstream::{Closing, Upstream};
 use super::{InterceptorError, RouteInfo, RouteSet, Routes, tcp};
-use crate::config::InterceptorSettings;
+use crate::config::{HostOverrides, InterceptorSettings};
 use crate::listen::ConnectionLimit;
 use crate::routing::{Claim, Listen, Protocol, RouteSpec};
 
@@ -37,6 +38,9 @@ pub struct RouteDefaults {
     pub response_timeout: Duration,
     pub max_held_per_route: usize,
     pub max_connections: usize,
+    /// Where declared routes' upstreams may not connect.
+    pub fence: Fence,
+    pub hosts: HostOverrides,
 }
 
 impl From<&InterceptorSettings> for RouteDefaults {
@@ -47,6 +51,8 @@ impl From<&InterceptorSettings> for RouteDefaults {
             response_timeout: settings.response_timeout,
             max_held_per_route: settings.max_held_per_route,
             max_connections: settings.max_connections,
+            fence: Fence::from(settings),
+            hosts: settings.host_overrides.clone(),
         }
     }
 }
@@ -89,6 +95,9 @@ pub struct RouteControl {
 struct Inner {
     routes: Arc<Routes>,
     limits: Arc<ArcSwap<ClientLimits>>,
+    /// Shared by every declared route's upstream: a reload's
+    /// `denied_networks` applies to their next connection.
+    fence: Arc<ArcSwap<Fence>>,
     epoch: Instant,
     /// Open connections of every listener, within `budget`.
     open: Arc<AtomicUsize>,
@@ -154,6 +163,7 @@ impl RouteControl {
             inner: Arc::new(Inner {
                 routes,
                 limits: Arc::new(ArcSwap::from_pointee(limits)),
+                fence: Arc::new(ArcSwap::from_pointee(defaults.fence.clone())),
                 epoch: Instant::now(),
                 open: Arc::new(AtomicUsize::new(0)),
                 budget,
@@ -274,6 +284,7 @@ impl RouteControl {
         defaults: RouteDefaults,
     ) -> Result<(), InterceptorError> {
         let merged = merge(&config, &declared, &defaults);
+        self.inner.fence.store(Arc::new(defaults.fence.clone()));
         let mut routes = merged.routes;
         let mut skipped = merged.skipped;
 
@@ -325,18 +336,29 @@ impl RouteControl {
             let cold_start = spec
                 .cold_start_timeout
                 .unwrap_or(defaults.cold_start_timeout);
+            // Declared routes are fenced; config-file routes (the
+            // operator's own) are not.
+            let fenced = spec.owner.is_some();
             let upstream = match live.upstreams.get(&spec.name) {
-                Some(upstream) if upstream.address == spec.upstream => {
+                Some(upstream)
+                    if upstream.address == spec.upstream && upstream.fenced() == fenced =>
+                {
                     upstream.set_limits(cold_start, defaults.max_held_per_route);
                     upstream.clone()
                 }
-                _ => Arc::new(Upstream::new(
-                    spec.name.clone(),
-                    spec.upstream.clone(),
-                    cold_start,
-                    defaults.max_held_per_route,
-                    route_counters.clone(),
-                )),
+                _ => {
+                    let fence = fenced.then(|| self.inner.fence.clone());
+                    Arc::new(
+                        Upstream::new(
+                            spec.name.clone(),
+                            spec.upstream.clone(),
+                            cold_start,
+                            defaults.max_held_per_route,
+                            route_counters.clone(),
+                        )
+                        .with_dialer(Dialer::new(defaults.hosts.clone(), fence)),
+                    )
+                }
             };
             let mut bound = None;
             match spec.protocol {

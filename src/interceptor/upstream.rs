@@ -7,19 +7,19 @@
 //! opens. One probe per upstream retries while anyone is held, so a cold
 //! start costs one connection attempt every 25 ms, however many wait.
 
-use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::counters::RouteCounters;
+use super::dial::{Denial, DialError, Dialer};
 use crate::logging::Summary;
 
 /// How often the probe retries a closed upstream: a held request leaves
@@ -58,6 +58,10 @@ pub enum UpstreamError {
     Moved { route: String },
     #[error("route `{route}` was removed from the interceptor")]
     Removed { route: String },
+    #[error(
+        "route `{route}`: the app's address is not one the interceptor may connect to (interceptor.denied_networks)"
+    )]
+    Denied { route: String },
 }
 
 /// Why an upstream stopped taking requests: what its held ones are told.
@@ -98,6 +102,14 @@ pub struct Upstream {
     closed_for: Mutex<Closing>,
     refused: Summary,
     timed_out: Summary,
+    denied: Summary,
+    dialer: Dialer,
+}
+
+/// Why one connection attempt connected nowhere.
+enum Attempt {
+    Failed(String),
+    Denied(Denial),
 }
 
 impl Upstream {
@@ -124,6 +136,39 @@ impl Upstream {
             closed_for: Mutex::new(Closing::ShuttingDown),
             refused: Summary::new(SUMMARY_EVERY),
             timed_out: Summary::new(SUMMARY_EVERY),
+            denied: Summary::new(SUMMARY_EVERY),
+            dialer: Dialer::default(),
+        }
+    }
+
+    /// Dials with `dialer` (its host table, and for a declared route the
+    /// fence of `interceptor.denied_networks`).
+    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+        self.dialer = dialer;
+        self
+    }
+
+    /// Whether its addresses are checked against `denied_networks`.
+    pub fn fenced(&self) -> bool {
+        self.dialer.fenced()
+    }
+
+    /// Logs (once per interval, with a count) and counts a request or
+    /// connection refused because the upstream's addresses are denied.
+    fn deny(&self, denial: &Denial) -> UpstreamError {
+        self.counters.upstream_denied();
+        if let Some(count) = self.denied.note() {
+            warn!(
+                route = %self.route,
+                upstream = %self.address,
+                address = %denial.address,
+                setting = "interceptor.denied_networks",
+                count,
+                "not connecting to the route's upstream: {}", denial.why
+            );
+        }
+        UpstreamError::Denied {
+            route: self.route.clone(),
         }
     }
 
@@ -185,7 +230,8 @@ impl Upstream {
                     self.reached();
                     return Ok(());
                 }
-                Err(error) => self.close_gate(error),
+                Err(Attempt::Failed(error)) => self.close_gate(error),
+                Err(Attempt::Denied(denial)) => return Err(self.deny(&denial)),
             }
         }
         self.wait_open(deadline).await
@@ -201,7 +247,8 @@ impl Upstream {
                     self.reached();
                     return Ok(stream);
                 }
-                Err(error) => self.close_gate(error),
+                Err(Attempt::Failed(error)) => self.close_gate(error),
+                Err(Attempt::Denied(denial)) => return Err(self.deny(&denial)),
             }
         }
     }
@@ -270,15 +317,31 @@ impl Upstream {
 
     /// One connection attempt, bounded: an upstream that drops attempts
     /// counts as closed after ATTEMPT_TIMEOUT, not after the deadline.
-    async fn attempt(&self, deadline: Instant) -> Result<TcpStream, String> {
+    /// The name is resolved again each time: the addresses checked are
+    /// the ones connected to.
+    async fn attempt(&self, deadline: Instant) -> Result<TcpStream, Attempt> {
         let until = deadline.min(Instant::now() + ATTEMPT_TIMEOUT);
-        match tokio::time::timeout_at(until, connect_to(self.address.as_str())).await {
+        let dial = async {
+            let addresses = self
+                .dialer
+                .resolve(&self.address)
+                .await
+                .map_err(|error| Attempt::Failed(error.to_string()))?;
+            self.dialer
+                .connect(&addresses)
+                .await
+                .map_err(|error| match error {
+                    DialError::Failed(error) => Attempt::Failed(error),
+                    DialError::Denied(denial) => Attempt::Denied(denial),
+                })
+        };
+        match tokio::time::timeout_at(until, dial).await {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
                 Ok(stream)
             }
-            Ok(Err(error)) => Err(error.to_string()),
-            Err(_) => Err("connection attempt timed out".to_string()),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(Attempt::Failed("connection attempt timed out".to_string())),
         }
     }
 
@@ -321,13 +384,10 @@ impl Upstream {
                 .as_ref()
                 .is_some_and(|(at, _)| at.elapsed() < RESOLVE_EVERY);
             if !fresh {
-                match tokio::time::timeout(
-                    ATTEMPT_TIMEOUT,
-                    tokio::net::lookup_host(self.address.as_str()),
-                )
-                .await
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, self.dialer.resolve(&self.address))
+                    .await
                 {
-                    Ok(Ok(addresses)) => resolved = Some((Instant::now(), addresses.collect())),
+                    Ok(Ok(addresses)) => resolved = Some((Instant::now(), addresses)),
                     Ok(Err(error)) => self.close_gate(format!("cannot resolve: {error}")),
                     Err(_) => self.close_gate("name lookup timed out".to_string()),
                 }
@@ -337,7 +397,7 @@ impl Upstream {
                 .map(|(_, addresses)| addresses.as_slice())
                 .unwrap_or_default();
             if !addresses.is_empty() {
-                match tokio::time::timeout(ATTEMPT_TIMEOUT, connect_to(addresses)).await {
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, self.dialer.connect(addresses)).await {
                     Ok(Ok(_)) => {
                         debug!(route = %self.route, upstream = %self.address, "upstream accepts connections; releasing held requests");
                         self.reached();
@@ -347,7 +407,14 @@ impl Upstream {
                         self.accepting.send_replace(true);
                         return;
                     }
-                    Ok(Err(error)) => self.close_gate(error.to_string()),
+                    // Nothing to wait for: the held requests are let go,
+                    // and each is refused (logged, counted) as it connects.
+                    Ok(Err(DialError::Denied(_))) => {
+                        self.probing.store(false, Ordering::Release);
+                        self.accepting.send_replace(true);
+                        return;
+                    }
+                    Ok(Err(DialError::Failed(error))) => self.close_gate(error),
                     Err(_) => self.close_gate("connection attempt timed out".to_string()),
                 }
             }
@@ -356,43 +423,9 @@ impl Upstream {
     }
 }
 
-/// Connects to an upstream. A local upstream whose port is in the
-/// ephemeral range and has nothing listening can be "reached" by the
-/// kernel picking that very port as the source (a TCP simultaneous open
-/// with itself): the gate would open and the proxy would read its own
-/// requests back as the app's answers. Such a connection counts as refused,
-/// and the next address is tried, as for any refusal.
-async fn connect_to(addresses: impl ToSocketAddrs) -> io::Result<TcpStream> {
-    let mut last_error = None;
-    for address in tokio::net::lookup_host(addresses).await? {
-        match TcpStream::connect(address)
-            .await
-            .and_then(refuse_self_connection)
-        {
-            Ok(stream) => return Ok(stream),
-            Err(error) => last_error = Some(error),
-        }
-    }
-    Err(last_error.unwrap_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the address resolves to nothing",
-        )
-    }))
-}
-
-fn refuse_self_connection(stream: TcpStream) -> io::Result<TcpStream> {
-    if stream.local_addr()? == stream.peer_addr()? {
-        return Err(io::Error::new(
-            io::ErrorKind::ConnectionRefused,
-            "nothing listens on the port (the connection reached itself)",
-        ));
-    }
-    Ok(stream)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::dial::refuse_self_connection;
     use super::*;
 
     #[tokio::test]
@@ -415,10 +448,11 @@ mod tests {
         assert_eq!(stream.peer_addr().unwrap(), stream.local_addr().unwrap());
 
         let error = refuse_self_connection(stream).unwrap_err();
-        assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused);
+        assert_eq!(error.kind(), std::io::ErrorKind::ConnectionRefused);
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let app = connect_to(listener.local_addr().unwrap()).await;
-        assert!(app.is_ok(), "a listening app is reached: {app:?}");
+        let app = [listener.local_addr().unwrap()];
+        let reached = Dialer::default().connect(&app).await;
+        assert!(reached.is_ok(), "a listening app is reached: {reached:?}");
     }
 }

@@ -178,3 +178,52 @@ pub async fn read_head(stream: &mut TcpStream) -> String {
     }
     String::from_utf8(head).unwrap()
 }
+
+/// Dials one address whatever the request's URI names, so a request can
+/// carry the host it is for as its URI authority (HTTP/2's `:authority`)
+/// and still reach the proxy.
+#[derive(Clone)]
+pub struct Dial(pub SocketAddr);
+
+impl tower::Service<http::Uri> for Dial {
+    type Response = TokioIo<TcpStream>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        let address = self.0;
+        Box::pin(async move { TcpStream::connect(address).await.map(TokioIo::new) })
+    }
+}
+
+/// An h2c client (HTTP/2 with prior knowledge) to `proxy`.
+pub fn h2c_client(proxy: SocketAddr) -> Client<Dial, Body> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(Dial(proxy))
+}
+
+/// [`send`] over h2c, the host as `:authority` (no `Host` field, as
+/// HTTP/2 clients send it).
+pub async fn send_h2(proxy: SocketAddr, host: &str, path: &str) -> (StatusCode, String) {
+    let request = Request::builder()
+        .uri(format!("http://{host}{path}"))
+        .body(full(""))
+        .unwrap();
+    let response = h2c_client(proxy)
+        .request(request)
+        .await
+        .expect("a response");
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
