@@ -57,9 +57,25 @@ pub fn parse(
             ),
         )
     })?;
-    let auth = match bare.find(&["authRef"], &[Origin::Metadata]) {
-        Some(name) => profiles.resolve(name.value)?,
-        None => AuthParams::new(),
+    // `authRef` is hoist's own profile; `context.authentication` the
+    // ScaledObject's TriggerAuthentication. Both at once would leave it
+    // unclear whose credentials a param comes from: refused.
+    let auth = match (
+        bare.find(&["authRef"], &[Origin::Metadata]),
+        &context.authentication,
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(MetadataError::invalid(
+                "authRef",
+                "the trigger also has an authenticationRef (a TriggerAuthentication): use one of them",
+            ));
+        }
+        (Some(name), None) => profiles.resolve_for(
+            name.value,
+            context.owner.as_ref().map(|owner| owner.namespace.as_str()),
+        )?,
+        (None, Some(authentication)) => authentication.clone(),
+        (None, None) => AuthParams::new(),
     };
     let params = Params::new(metadata, &auth);
     let trigger = scalers::parse(scaler.value, &params, context)?;
@@ -280,6 +296,97 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("`scaler`"), "{message}");
         assert!(message.contains("redis-sentinel"), "{message}");
+    }
+
+    fn redis_with_password(password: &str) -> Vec<(&str, &str)> {
+        let mut pairs = REDIS.to_vec();
+        pairs.push(("password", password));
+        pairs
+    }
+
+    fn parse_in(
+        pairs: &[(&str, &str)],
+        profiles: &AuthProfiles,
+        namespace: &str,
+        authentication: Option<AuthParams>,
+    ) -> Result<TriggerConfig, MetadataError> {
+        let metadata = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let context = scalers::Context {
+            owner: Some(crate::routing::Owner {
+                namespace: namespace.into(),
+                name: "orders".into(),
+            }),
+            authentication,
+            ..Default::default()
+        };
+        parse(&metadata, profiles, DEFAULTS, &context)
+    }
+
+    fn orders_profile() -> AuthProfiles {
+        use crate::config::{AuthProfile, AuthValue};
+        AuthProfiles::new(
+            [(
+                "orders-redis".to_string(),
+                AuthProfile::new(
+                    &["orders"],
+                    [("password", AuthValue::Literal("profile-pw".into()))],
+                ),
+            )]
+            .into(),
+        )
+    }
+
+    #[test]
+    fn a_profile_is_used_only_from_its_namespaces() {
+        let mut pairs = REDIS.to_vec();
+        pairs.push(("authRef", "orders-redis"));
+        let profiles = orders_profile();
+        let err = parse_in(&pairs, &profiles, "shop", None).err().unwrap();
+        assert_eq!(
+            err,
+            MetadataError::AuthProfileDenied {
+                profile: "orders-redis".into(),
+                namespace: "shop".into()
+            }
+        );
+        let config = parse_in(&pairs, &profiles, "orders", None).unwrap();
+        assert_ne!(
+            config.trigger.query.key,
+            parse_in(&REDIS, &profiles, "orders", None)
+                .unwrap()
+                .trigger
+                .query
+                .key,
+            "the profile's password is part of the question"
+        );
+    }
+
+    #[test]
+    fn trigger_authentication_params_are_used_like_a_profiles() {
+        let authentication: AuthParams = [("password".to_string(), "ta-pw".to_string())].into();
+        let profiles = AuthProfiles::default();
+        let with_ta = parse_in(&REDIS, &profiles, "shop", Some(authentication.clone())).unwrap();
+        // The same password from metadata asks the same question: the
+        // TriggerAuthentication's value reached the trigger.
+        let with_metadata = parse_in(&redis_with_password("ta-pw"), &profiles, "shop", None).unwrap();
+        let without = parse_in(&REDIS, &profiles, "shop", None).unwrap();
+        assert_eq!(with_ta.trigger.query.key, with_metadata.trigger.query.key);
+        assert_ne!(with_ta.trigger.query.key, without.trigger.query.key);
+
+        // Both an authRef and an authenticationRef: refused, naming both.
+        let mut pairs = REDIS.to_vec();
+        pairs.push(("authRef", "orders-redis"));
+        let err = parse_in(&pairs, &orders_profile(), "orders", Some(authentication))
+            .err()
+            .unwrap();
+        let message = err.to_string();
+        assert!(
+            message.contains("`authRef`") && message.contains("authenticationRef"),
+            "{message}"
+        );
     }
 
     #[test]

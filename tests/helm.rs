@@ -299,10 +299,14 @@ fn split_mode_with_tls_and_auth_profiles_agrees_with_the_config_it_renders() {
     for (profile, params) in values["auth"].as_hash().unwrap() {
         let profile = profile.as_str().unwrap();
         let rendered = &settings.auth[profile];
-        assert_eq!(rendered.len(), params.as_hash().unwrap().len(), "{profile}");
+        assert_eq!(
+            rendered.params.len(),
+            params.as_hash().unwrap().len(),
+            "{profile}"
+        );
         for (param, value) in params.as_hash().unwrap() {
             let param = param.as_str().unwrap();
-            match (&rendered[param], value.as_str()) {
+            match (&rendered.params[param], value.as_str()) {
                 (AuthValue::Literal(literal), Some(wanted)) => assert_eq!(literal, wanted),
                 (AuthValue::Env { env: variable }, None) => {
                     assert!(!variable.starts_with("HOIST_"), "{variable}");
@@ -567,7 +571,7 @@ fn in_process_mode_opens_the_proxies_on_hoists_own_pods() {
         state_volume["persistentVolumeClaim"]["claimName"].as_str(),
         Some("hoist-state")
     );
-    let AuthValue::File { file: secret } = &settings.auth["cache"]["password"] else {
+    let AuthValue::File { file: secret } = &settings.auth["cache"].params["password"] else {
         panic!("a file reference stays one")
     };
     let (secret_volume, _) = volume_holding(scaler, secret.to_str().unwrap());

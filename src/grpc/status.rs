@@ -77,6 +77,9 @@ impl RpcError {
             RpcError::Track(TrackError::Metadata(MetadataError::AuthProfile { .. })) => {
                 Code::FailedPrecondition
             }
+            RpcError::Track(TrackError::Metadata(MetadataError::AuthProfileDenied { .. })) => {
+                Code::PermissionDenied
+            }
             RpcError::Track(TrackError::Metadata(_)) => Code::InvalidArgument,
             RpcError::Track(
                 TrackError::MetadataTooLarge { .. }
@@ -126,6 +129,11 @@ mod tests {
             reason: "r".into(),
         }));
         assert_eq!(profile.code(), Code::FailedPrecondition);
+        let borrowed = RpcError::from(TrackError::from(MetadataError::AuthProfileDenied {
+            profile: "orders-redis".into(),
+            namespace: "shop".into(),
+        }));
+        assert_eq!(borrowed.code(), Code::PermissionDenied);
         let crowded = RpcError::from(TrackError::TooManyTriggers { limit: 3 });
         assert_eq!(crowded.code(), Code::ResourceExhausted);
         let refused = RpcError::from(TrackError::SourceNotAllowed {
