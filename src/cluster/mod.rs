@@ -6,6 +6,7 @@
 //! the engine must too.
 
 mod object;
+mod trigger_auth;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use object::{ScaleTarget, ScaledObjectView};
+pub use trigger_auth::{AuthenticationKind, AuthenticationRef, ResolvedAuth, TriggerAuthError};
 
 use crate::config::{KubernetesAccess, KubernetesSettings};
 use crate::engine::Observed;
@@ -95,6 +97,9 @@ pub struct Cluster {
     /// Scale targets' resources by (group/version, kind), found by discovery.
     kinds: Mutex<HashMap<(String, String), ApiResource>>,
     server: String,
+    /// With `kubernetes.trigger_authentication`: what resolves triggers'
+    /// `authenticationRef`.
+    trigger_auth: Option<trigger_auth::TriggerAuthStores>,
 }
 
 impl Cluster {
@@ -142,7 +147,11 @@ impl Cluster {
                 .ok()
                 .or_else(|| std::env::var("HOSTNAME").ok()),
         };
+        let trigger_auth = settings
+            .trigger_authentication
+            .then(|| trigger_auth::TriggerAuthStores::start(&client, settings, &cancel));
         let cluster = Arc::new(Cluster {
+            trigger_auth,
             reporter,
             client: client.clone(),
             settings: settings.clone(),
@@ -183,6 +192,21 @@ impl Cluster {
         });
         info!(server = %server, "reading ScaledObjects and replica counts from Kubernetes");
         Ok(Some(cluster))
+    }
+
+    /// The params a trigger's `authenticationRef` gives a ScaledObject in
+    /// `namespace`, from the watched TriggerAuthentications and Secrets.
+    pub fn trigger_authentication(
+        &self,
+        namespace: &str,
+        reference: &AuthenticationRef,
+    ) -> Result<ResolvedAuth, TriggerAuthError> {
+        match &self.trigger_auth {
+            Some(stores) => stores.resolve(namespace, reference),
+            None => Err(TriggerAuthError::Disabled {
+                auth: reference.describe(namespace),
+            }),
+        }
     }
 
     /// The API server's address, for `/status`.
