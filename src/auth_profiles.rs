@@ -144,7 +144,9 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
         .unwrap();
         let settings = Settings::load(Some(&file), Vec::new(), &Overrides::default()).unwrap();
         let profiles = AuthProfiles::from_settings(&settings);
-        let params = profiles.resolve_for("orders-redis", Some("orders")).unwrap();
+        let params = profiles
+            .resolve_for("orders-redis", Some("orders"))
+            .unwrap();
         assert_eq!(params["username"], "app");
         assert_eq!(params["password"], "from-file");
         assert_eq!(profiles.open_to_all(), ["broken"]);
@@ -187,7 +189,9 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
         );
         assert!(!message.contains("pw"), "{message}");
         assert_eq!(
-            profiles.resolve_for("orders-redis", Some("orders")).unwrap()["password"],
+            profiles
+                .resolve_for("orders-redis", Some("orders"))
+                .unwrap()["password"],
             "pw"
         );
         // The operator's own probe names no namespace.

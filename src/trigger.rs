@@ -371,7 +371,8 @@ mod tests {
         let with_ta = parse_in(&REDIS, &profiles, "shop", Some(authentication.clone())).unwrap();
         // The same password from metadata asks the same question: the
         // TriggerAuthentication's value reached the trigger.
-        let with_metadata = parse_in(&redis_with_password("ta-pw"), &profiles, "shop", None).unwrap();
+        let with_metadata =
+            parse_in(&redis_with_password("ta-pw"), &profiles, "shop", None).unwrap();
         let without = parse_in(&REDIS, &profiles, "shop", None).unwrap();
         assert_eq!(with_ta.trigger.query.key, with_metadata.trigger.query.key);
         assert_ne!(with_ta.trigger.query.key, without.trigger.query.key);

@@ -543,13 +543,16 @@ async fn oauthbearer_fetches_a_client_credentials_token_from_the_endpoint() {
     let literal = |v: &str| AuthValue::Literal(v.into());
     settings.auth.insert(
         "oauth".into(),
-        AuthProfile::new(&["default"], [
-            ("sasl".to_string(), literal("oauthbearer")),
-            ("username".to_string(), literal("client-id")),
-            ("password".to_string(), literal("client-secret-value")),
-            ("oauthTokenEndpointUri".to_string(), literal(&endpoint)),
-            ("scopes".to_string(), literal("kafka,read")),
-        ]),
+        AuthProfile::new(
+            &["default"],
+            [
+                ("sasl".to_string(), literal("oauthbearer")),
+                ("username".to_string(), literal("client-id")),
+                ("password".to_string(), literal("client-secret-value")),
+                ("oauthTokenEndpointUri".to_string(), literal(&endpoint)),
+                ("scopes".to_string(), literal("kafka,read")),
+            ],
+        ),
     );
     let hoist = Hoist::start_with(settings).await;
     let object = trigger("oauth", &bootstrap, &[("authRef", "oauth")]);

@@ -601,15 +601,18 @@ async fn tls_to_redis_with_a_ca_from_the_auth_profile() {
     let mut settings = Settings::default();
     settings.auth.insert(
         "tls-redis".into(),
-        AuthProfile::new(&["default"], [
-            ("tls".to_string(), AuthValue::Literal("enable".into())),
-            (
-                "ca".to_string(),
-                AuthValue::File {
-                    file: ca_file.clone().into(),
-                },
-            ),
-        ]),
+        AuthProfile::new(
+            &["default"],
+            [
+                ("tls".to_string(), AuthValue::Literal("enable".into())),
+                (
+                    "ca".to_string(),
+                    AuthValue::File {
+                        file: ca_file.clone().into(),
+                    },
+                ),
+            ],
+        ),
     );
     let hoist = Hoist::start_with(settings).await;
     let address = format!("localhost:{tls_port}");
@@ -763,13 +766,16 @@ async fn an_acl_user_with_eval_and_without_evalsha_can_scale() {
     let mut settings = Settings::default();
     settings.auth.insert(
         "eval-only".into(),
-        AuthProfile::new(&["default"], [
-            ("username".to_string(), AuthValue::Literal("scaler".into())),
-            (
-                "password".to_string(),
-                AuthValue::Literal("scaler-pass".into()),
-            ),
-        ]),
+        AuthProfile::new(
+            &["default"],
+            [
+                ("username".to_string(), AuthValue::Literal("scaler".into())),
+                (
+                    "password".to_string(),
+                    AuthValue::Literal("scaler-pass".into()),
+                ),
+            ],
+        ),
     );
     let hoist = Hoist::start_with(settings).await;
     let on = |list: &str| {
@@ -815,16 +821,19 @@ async fn mtls_to_redis_with_an_encrypted_client_key() {
     redis.command(&["RPUSH", "secure", "a", "b", "c"]);
 
     let profile = |password: &str| -> hoist::config::AuthProfile {
-        AuthProfile::new(&["default"], [
-            ("tls".to_string(), AuthValue::Literal("enable".into())),
-            ("ca".to_string(), AuthValue::Literal(ca.clone())),
-            ("cert".to_string(), AuthValue::Literal(client.pem())),
-            ("key".to_string(), AuthValue::Literal(encrypted.clone())),
-            (
-                "keyPassword".to_string(),
-                AuthValue::Literal(password.into()),
-            ),
-        ])
+        AuthProfile::new(
+            &["default"],
+            [
+                ("tls".to_string(), AuthValue::Literal("enable".into())),
+                ("ca".to_string(), AuthValue::Literal(ca.clone())),
+                ("cert".to_string(), AuthValue::Literal(client.pem())),
+                ("key".to_string(), AuthValue::Literal(encrypted.clone())),
+                (
+                    "keyPassword".to_string(),
+                    AuthValue::Literal(password.into()),
+                ),
+            ],
+        )
     };
     let mut settings = Settings::default();
     settings.auth.insert("encrypted".into(), profile(PASSWORD));

@@ -223,15 +223,18 @@ impl TriggerAuthStores {
         // What is kept is trimmed to what resolution reads.
         let writer = reflector::store::Writer::<Secret>::default();
         let secrets = writer.as_reader();
-        let stream = watcher(Api::<Secret>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .modify(|secret: &mut Secret| {
-                secret.managed_fields_mut().clear();
-                // kubectl apply keeps the whole Secret, data and all, here.
-                secret.annotations_mut().clear();
-                secret.string_data = None;
-            })
-            .reflect(writer);
+        let stream = watcher(
+            Api::<Secret>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|secret: &mut Secret| {
+            secret.managed_fields_mut().clear();
+            // kubectl apply keeps the whole Secret, data and all, here.
+            secret.annotations_mut().clear();
+            secret.string_data = None;
+        })
+        .reflect(writer);
         follow(stream, SECRETS, errors.clone(), cancel.clone());
         info!(
             "resolving authenticationRef from TriggerAuthentications, ClusterTriggerAuthentications and Secrets (kubernetes.trigger_authentication)"
@@ -284,15 +287,15 @@ impl TriggerAuthStores {
         }
         for target in targets {
             let secret_ref = ObjectRef::<Secret>::new(&target.name).within(secrets_namespace);
-            let secret = self
-                .secrets
-                .get(&secret_ref)
-                .ok_or_else(|| TriggerAuthError::NoSecret {
-                    auth: auth.clone(),
-                    parameter: target.parameter.clone(),
-                    namespace: secrets_namespace.to_string(),
-                    secret: target.name.clone(),
-                })?;
+            let secret =
+                self.secrets
+                    .get(&secret_ref)
+                    .ok_or_else(|| TriggerAuthError::NoSecret {
+                        auth: auth.clone(),
+                        parameter: target.parameter.clone(),
+                        namespace: secrets_namespace.to_string(),
+                        secret: target.name.clone(),
+                    })?;
             version.insert(format!(
                 "Secret {}@{}",
                 target.name,
