@@ -58,23 +58,26 @@ pub fn parse(
         )
     })?;
     // `authRef` is hoist's own profile; `context.authentication` the
-    // ScaledObject's TriggerAuthentication. Both at once would leave it
-    // unclear whose credentials a param comes from: refused.
-    let auth = match (
-        bare.find(&["authRef"], &[Origin::Metadata]),
-        &context.authentication,
-    ) {
+    // ScaledObject's TriggerAuthentication, less the params KEDA itself
+    // uses for its TLS connection to hoist. Both giving params would leave
+    // it unclear whose credentials the trigger uses: refused.
+    let authentication = context
+        .authentication
+        .as_ref()
+        .map(for_the_trigger)
+        .filter(|params| !params.is_empty());
+    let auth = match (bare.find(&["authRef"], &[Origin::Metadata]), authentication) {
         (Some(_), Some(_)) => {
             return Err(MetadataError::invalid(
                 "authRef",
-                "the trigger also has an authenticationRef (a TriggerAuthentication): use one of them",
+                "the trigger's authenticationRef (a TriggerAuthentication) gives credentials too: use one of them",
             ));
         }
         (Some(name), None) => profiles.resolve_for(
             name.value,
             context.owner.as_ref().map(|owner| owner.namespace.as_str()),
         )?,
-        (None, Some(authentication)) => authentication.clone(),
+        (None, Some(authentication)) => authentication,
         (None, None) => AuthParams::new(),
     };
     let params = Params::new(metadata, &auth);
@@ -138,6 +141,22 @@ pub fn parse(
         scaling_mode,
         written,
     })
+}
+
+/// The params KEDA's external scaler reads from a TriggerAuthentication
+/// for its own gRPC connection to hoist (lower-cased): the CA of hoist's
+/// certificate and KEDA's client certificate. They are KEDA's, not the
+/// trigger's, so a trigger may name such a TriggerAuthentication next to
+/// an `authRef`.
+pub const KEDA_CONNECTION_PARAMS: [&str; 3] = ["cacert", "tlsclientcert", "tlsclientkey"];
+
+/// A TriggerAuthentication's params without KEDA's connection params.
+fn for_the_trigger(params: &AuthParams) -> AuthParams {
+    params
+        .iter()
+        .filter(|(name, _)| !KEDA_CONNECTION_PARAMS.contains(&name.as_str()))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
 }
 
 /// Which of the ScaledObject-level settings the metadata writes itself.
@@ -377,7 +396,8 @@ mod tests {
         assert_eq!(with_ta.trigger.query.key, with_metadata.trigger.query.key);
         assert_ne!(with_ta.trigger.query.key, without.trigger.query.key);
 
-        // Both an authRef and an authenticationRef: refused, naming both.
+        // Both an authRef and an authenticationRef giving params: refused,
+        // naming both.
         let mut pairs = REDIS.to_vec();
         pairs.push(("authRef", "orders-redis"));
         let err = parse_in(&pairs, &orders_profile(), "orders", Some(authentication))
@@ -387,6 +407,27 @@ mod tests {
         assert!(
             message.contains("`authRef`") && message.contains("authenticationRef"),
             "{message}"
+        );
+
+        // A TriggerAuthentication holding only KEDA's TLS params for its
+        // connection to hoist (deploy/examples/tls-triggerauthentication.yaml)
+        // goes with an authRef; the profile's password is used.
+        let keda_tls: AuthParams = KEDA_CONNECTION_PARAMS
+            .iter()
+            .map(|name| (name.to_string(), "pem".to_string()))
+            .collect();
+        let profiles = orders_profile();
+        let with_tls = parse_in(&pairs, &profiles, "orders", Some(keda_tls.clone())).unwrap();
+        let without = parse_in(&pairs, &profiles, "orders", None).unwrap();
+        assert_eq!(with_tls.trigger.query.key, without.trigger.query.key);
+        let alone = parse_in(&REDIS, &profiles, "orders", Some(keda_tls)).unwrap();
+        assert_eq!(
+            alone.trigger.query.key,
+            parse_in(&REDIS, &profiles, "orders", None)
+                .unwrap()
+                .trigger
+                .query
+                .key
         );
     }
 
