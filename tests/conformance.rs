@@ -80,7 +80,7 @@ fn as_hoist_sees_it(raw: &Value) -> Case {
     }
     let profiles = AuthProfiles::new(profiles);
     let auth = if metadata.contains_key("authRef") {
-        profiles.resolve(PROFILE).unwrap()
+        profiles.resolve_for(PROFILE, None).unwrap()
     } else {
         AuthParams::new()
     };
