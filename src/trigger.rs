@@ -358,6 +358,20 @@ mod tests {
         )
     }
 
+    /// The source question a parse asks: it fingerprints the credentials,
+    /// so equal questions mean the same credentials reached the trigger.
+    fn question(
+        pairs: &[(&str, &str)],
+        profiles: &AuthProfiles,
+        authentication: Option<AuthParams>,
+    ) -> String {
+        parse_in(pairs, profiles, "orders", authentication)
+            .unwrap()
+            .trigger
+            .query
+            .key
+    }
+
     #[test]
     fn a_profile_is_used_only_from_its_namespaces() {
         let mut pairs = REDIS.to_vec();
@@ -371,36 +385,30 @@ mod tests {
                 namespace: "shop".into()
             }
         );
-        let config = parse_in(&pairs, &profiles, "orders", None).unwrap();
-        assert_ne!(
-            config.trigger.query.key,
-            parse_in(&REDIS, &profiles, "orders", None)
-                .unwrap()
-                .trigger
-                .query
-                .key,
-            "the profile's password is part of the question"
+        assert_eq!(
+            question(&pairs, &profiles, None),
+            question(&redis_with_password("profile-pw"), &profiles, None),
+            "the profile's password reached the trigger in its own namespace"
         );
     }
 
     #[test]
     fn trigger_authentication_params_are_used_like_a_profiles() {
         let authentication: AuthParams = [("password".to_string(), "ta-pw".to_string())].into();
-        let profiles = AuthProfiles::default();
-        let with_ta = parse_in(&REDIS, &profiles, "shop", Some(authentication.clone())).unwrap();
-        // The same password from metadata asks the same question: the
-        // TriggerAuthentication's value reached the trigger.
-        let with_metadata =
-            parse_in(&redis_with_password("ta-pw"), &profiles, "shop", None).unwrap();
-        let without = parse_in(&REDIS, &profiles, "shop", None).unwrap();
-        assert_eq!(with_ta.trigger.query.key, with_metadata.trigger.query.key);
-        assert_ne!(with_ta.trigger.query.key, without.trigger.query.key);
+        let none = AuthProfiles::default();
+        let with_ta = question(&REDIS, &none, Some(authentication.clone()));
+        assert_eq!(
+            with_ta,
+            question(&redis_with_password("ta-pw"), &none, None)
+        );
+        assert_ne!(with_ta, question(&REDIS, &none, None));
 
         // Both an authRef and an authenticationRef giving params: refused,
         // naming both.
         let mut pairs = REDIS.to_vec();
         pairs.push(("authRef", "orders-redis"));
-        let err = parse_in(&pairs, &orders_profile(), "orders", Some(authentication))
+        let profiles = orders_profile();
+        let err = parse_in(&pairs, &profiles, "orders", Some(authentication))
             .err()
             .unwrap();
         let message = err.to_string();
@@ -411,23 +419,18 @@ mod tests {
 
         // A TriggerAuthentication holding only KEDA's TLS params for its
         // connection to hoist (deploy/examples/tls-triggerauthentication.yaml)
-        // goes with an authRef; the profile's password is used.
+        // goes with an authRef, and gives the trigger nothing.
         let keda_tls: AuthParams = KEDA_CONNECTION_PARAMS
             .iter()
             .map(|name| (name.to_string(), "pem".to_string()))
             .collect();
-        let profiles = orders_profile();
-        let with_tls = parse_in(&pairs, &profiles, "orders", Some(keda_tls.clone())).unwrap();
-        let without = parse_in(&pairs, &profiles, "orders", None).unwrap();
-        assert_eq!(with_tls.trigger.query.key, without.trigger.query.key);
-        let alone = parse_in(&REDIS, &profiles, "orders", Some(keda_tls)).unwrap();
         assert_eq!(
-            alone.trigger.query.key,
-            parse_in(&REDIS, &profiles, "orders", None)
-                .unwrap()
-                .trigger
-                .query
-                .key
+            question(&pairs, &profiles, Some(keda_tls.clone())),
+            question(&pairs, &profiles, None)
+        );
+        assert_eq!(
+            question(&REDIS, &profiles, Some(keda_tls)),
+            question(&REDIS, &profiles, None)
         );
     }
 

@@ -165,31 +165,7 @@ impl Cluster {
             writer,
             watcher(api, watcher::Config::default()).default_backoff(),
         );
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                let next = tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    next = stream.next() => next,
-                };
-                let Some(event) = next else { return };
-                let mut error = watch_error.lock().unwrap_or_else(|e| e.into_inner());
-                match event {
-                    Ok(_) => {
-                        if error.take().is_some() {
-                            info!("watching ScaledObjects again");
-                        }
-                    }
-                    Err(failure) => {
-                        let reason = describe_watch_error(&failure);
-                        if error.as_deref() != Some(reason.as_str()) {
-                            warn!(error = %reason, "cannot watch ScaledObjects");
-                        }
-                        *error = Some(reason);
-                    }
-                }
-            }
-        });
+        follow(stream, "scaledobjects.keda.sh", "", watch_error, cancel);
         info!(server = %server, "reading ScaledObjects and replica counts from Kubernetes");
         Ok(Some(cluster))
     }
@@ -392,7 +368,49 @@ async fn from_file(path: &Path) -> Result<kube::Config, ClusterError> {
         })
 }
 
-fn describe_watch_error(error: &watcher::Error) -> String {
+/// Drives a reflector's stream until `cancel`, keeping in `error` why the
+/// watch of `resource` fails while it does (logged when that changes);
+/// `grant` completes the advice for a 403.
+fn follow<S, K>(
+    stream: S,
+    resource: &'static str,
+    grant: &'static str,
+    error: Arc<Mutex<Option<String>>>,
+    cancel: CancellationToken,
+) where
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    K: Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return,
+                next = stream.next() => next,
+            };
+            let Some(event) = next else { return };
+            let mut error = error.lock().unwrap_or_else(|e| e.into_inner());
+            match event {
+                Ok(_) => {
+                    if error.take().is_some() {
+                        info!(resource, "watching again");
+                    }
+                }
+                Err(failure) => {
+                    let reason = describe_watch_error(resource, grant, &failure);
+                    if error.as_deref() != Some(reason.as_str()) {
+                        warn!(resource, error = %reason, "cannot watch");
+                    }
+                    *error = Some(reason);
+                }
+            }
+        }
+    });
+}
+
+/// Why the watch of `resource` fails; `grant` completes the advice for a
+/// 403 (which RBAC rule grants it).
+fn describe_watch_error(resource: &str, grant: &str, error: &watcher::Error) -> String {
     let status = match error {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status))
@@ -402,13 +420,13 @@ fn describe_watch_error(error: &watcher::Error) -> String {
     };
     match status {
         Some(status) if status.code == 403 => format!(
-            "listing scaledobjects.keda.sh is forbidden (403): grant hoist's ServiceAccount get/list/watch on scaledobjects.keda.sh ({})",
+            "listing {resource} is forbidden (403): grant hoist's ServiceAccount get/list/watch on {resource}{grant} ({})",
             status.message
         ),
         Some(status) => format!(
-            "listing scaledobjects.keda.sh: the API server answered {} {}: {}",
+            "listing {resource}: the API server answered {} {}: {}",
             status.code, status.reason, status.message
         ),
-        None => format!("listing scaledobjects.keda.sh: {error}"),
+        None => format!("listing {resource}: {error}"),
     }
 }

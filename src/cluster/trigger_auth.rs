@@ -13,10 +13,9 @@
 //! All three are read from watched stores (so a rotated Secret applies at
 //! once), never on request, so a caller cannot make hoist hammer the API.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
@@ -24,7 +23,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::config::KubernetesSettings;
 use crate::metadata::AuthParams;
@@ -181,18 +180,46 @@ fn cluster_trigger_authentications() -> ApiResource {
     )
 }
 
-const TRIGGER_AUTHENTICATIONS: &str = "triggerauthentications.keda.sh";
-const CLUSTER_TRIGGER_AUTHENTICATIONS: &str = "clustertriggerauthentications.keda.sh";
-const SECRETS: &str = "secrets";
+/// The 403 advice for these watches.
+const GRANT: &str = " cluster-wide (the chart's kubernetes.triggerAuthentication value grants it)";
+
+/// One resource's watched store, and why its watch fails while it does.
+struct Watched<K: kube::Resource + Clone + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store: Store<K>,
+    error: Arc<Mutex<Option<String>>>,
+    resource: &'static str,
+}
+
+impl<K: kube::Resource + Clone + 'static> Watched<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    /// An error unless the watch has listed and is not failing.
+    fn readable(&self, auth: &str) -> Result<(), TriggerAuthError> {
+        let failing = self.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let listed = futures::FutureExt::now_or_never(self.store.wait_until_ready()).is_some();
+        let reason = match (failing, listed) {
+            (Some(reason), _) => reason,
+            (None, false) => "the first list has not finished".into(),
+            (None, true) => return Ok(()),
+        };
+        Err(TriggerAuthError::NotSynced {
+            auth: auth.to_string(),
+            resource: self.resource,
+            reason,
+        })
+    }
+}
 
 /// Watched TriggerAuthentications, ClusterTriggerAuthentications and
 /// Secrets, cluster-wide.
 pub(super) struct TriggerAuthStores {
-    namespaced: Store<DynamicObject>,
-    cluster: Store<DynamicObject>,
-    secrets: Store<Secret>,
-    /// Why a watch is failing, by resource, while it is.
-    errors: Arc<Mutex<BTreeMap<&'static str, String>>>,
+    namespaced: Watched<DynamicObject>,
+    cluster: Watched<DynamicObject>,
+    secrets: Watched<Secret>,
     cluster_object_namespace: String,
 }
 
@@ -203,26 +230,27 @@ impl TriggerAuthStores {
         settings: &KubernetesSettings,
         cancel: &CancellationToken,
     ) -> Self {
-        let errors = Arc::new(Mutex::new(BTreeMap::new()));
         let namespaced = watch_dynamic(
             client,
             trigger_authentications(),
-            TRIGGER_AUTHENTICATIONS,
-            &errors,
+            "triggerauthentications.keda.sh",
             cancel,
         );
         let cluster = watch_dynamic(
             client,
             cluster_trigger_authentications(),
-            CLUSTER_TRIGGER_AUTHENTICATIONS,
-            &errors,
+            "clustertriggerauthentications.keda.sh",
             cancel,
         );
         // Every Secret: a TriggerAuthentication may name any. No selector
         // would stay correct (Secrets carry no mark of being read by one).
         // What is kept is trimmed to what resolution reads.
         let writer = reflector::store::Writer::<Secret>::default();
-        let secrets = writer.as_reader();
+        let secrets = Watched {
+            store: writer.as_reader(),
+            error: Arc::new(Mutex::new(None)),
+            resource: "secrets",
+        };
         let stream = watcher(
             Api::<Secret>::all(client.clone()),
             watcher::Config::default(),
@@ -235,7 +263,13 @@ impl TriggerAuthStores {
             secret.string_data = None;
         })
         .reflect(writer);
-        follow(stream, SECRETS, errors.clone(), cancel.clone());
+        super::follow(
+            stream,
+            secrets.resource,
+            GRANT,
+            secrets.error.clone(),
+            cancel.clone(),
+        );
         info!(
             "resolving authenticationRef from TriggerAuthentications, ClusterTriggerAuthentications and Secrets (kubernetes.trigger_authentication)"
         );
@@ -243,7 +277,6 @@ impl TriggerAuthStores {
             namespaced,
             cluster,
             secrets,
-            errors,
             cluster_object_namespace: settings.cluster_object_namespace.clone(),
         }
     }
@@ -255,22 +288,20 @@ impl TriggerAuthStores {
         reference: &AuthenticationRef,
     ) -> Result<ResolvedAuth, TriggerAuthError> {
         let auth = reference.describe(namespace);
-        let (store, resource, key, secrets_namespace) = match reference.kind {
+        let (watched, key, secrets_namespace) = match reference.kind {
             AuthenticationKind::TriggerAuthentication => (
                 &self.namespaced,
-                TRIGGER_AUTHENTICATIONS,
                 ObjectRef::new_with(&reference.name, trigger_authentications()).within(namespace),
                 namespace,
             ),
             AuthenticationKind::ClusterTriggerAuthentication => (
                 &self.cluster,
-                CLUSTER_TRIGGER_AUTHENTICATIONS,
                 ObjectRef::new_with(&reference.name, cluster_trigger_authentications()),
                 self.cluster_object_namespace.as_str(),
             ),
         };
-        self.readable(&auth, resource, ready(store))?;
-        let Some(object) = store.get(&key) else {
+        watched.readable(&auth)?;
+        let Some(object) = watched.store.get(&key) else {
             return Err(TriggerAuthError::NotFound { auth });
         };
         let spec = object.data.get("spec").cloned().unwrap_or(Value::Null);
@@ -283,12 +314,13 @@ impl TriggerAuthStores {
         ));
         let mut params = AuthParams::new();
         if !targets.is_empty() {
-            self.readable(&auth, SECRETS, ready(&self.secrets))?;
+            self.secrets.readable(&auth)?;
         }
         for target in targets {
             let secret_ref = ObjectRef::<Secret>::new(&target.name).within(secrets_namespace);
             let secret =
                 self.secrets
+                    .store
                     .get(&secret_ref)
                     .ok_or_else(|| TriggerAuthError::NoSecret {
                         auth: auth.clone(),
@@ -325,34 +357,6 @@ impl TriggerAuthStores {
             params,
             version: version.into_iter().collect::<Vec<_>>().join(","),
         })
-    }
-
-    /// An error unless `resource`'s watch has listed it and is not failing.
-    fn readable(
-        &self,
-        auth: &str,
-        resource: &'static str,
-        synced: bool,
-    ) -> Result<(), TriggerAuthError> {
-        let failing = self
-            .errors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(resource)
-            .cloned();
-        match (failing, synced) {
-            (Some(reason), _) => Err(TriggerAuthError::NotSynced {
-                auth: auth.to_string(),
-                resource,
-                reason,
-            }),
-            (None, false) => Err(TriggerAuthError::NotSynced {
-                auth: auth.to_string(),
-                resource,
-                reason: "the first list has not finished".into(),
-            }),
-            (None, true) => Ok(()),
-        }
     }
 }
 
@@ -424,88 +428,25 @@ fn read_spec(auth: &str, spec: &Value) -> Result<Vec<SecretTarget>, TriggerAuthE
     Ok(targets)
 }
 
-fn ready<K>(store: &Store<K>) -> bool
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some()
-}
-
 fn watch_dynamic(
     client: &kube::Client,
     resource: ApiResource,
     name: &'static str,
-    errors: &Arc<Mutex<BTreeMap<&'static str, String>>>,
     cancel: &CancellationToken,
-) -> Store<DynamicObject> {
+) -> Watched<DynamicObject> {
     let writer = reflector::store::Writer::new(resource.clone());
-    let store = writer.as_reader();
+    let watched = Watched {
+        store: writer.as_reader(),
+        error: Arc::new(Mutex::new(None)),
+        resource: name,
+    };
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(|object: &mut DynamicObject| object.managed_fields_mut().clear())
         .reflect(writer);
-    follow(stream, name, errors.clone(), cancel.clone());
-    store
-}
-
-/// Drives a reflector's stream, recording why its watch fails while it does.
-fn follow<S, K>(
-    stream: S,
-    resource: &'static str,
-    errors: Arc<Mutex<BTreeMap<&'static str, String>>>,
-    cancel: CancellationToken,
-) where
-    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    K: Send + 'static,
-{
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            let next = tokio::select! {
-                _ = cancel.cancelled() => return,
-                next = stream.next() => next,
-            };
-            let Some(event) = next else { return };
-            let mut errors = errors.lock().unwrap_or_else(|e| e.into_inner());
-            match event {
-                Ok(_) => {
-                    if errors.remove(resource).is_some() {
-                        info!(resource, "watching again");
-                    }
-                }
-                Err(failure) => {
-                    let reason = describe(resource, &failure);
-                    if errors.get(resource) != Some(&reason) {
-                        warn!(resource, error = %reason, "cannot watch");
-                    }
-                    errors.insert(resource, reason);
-                }
-            }
-        }
-    });
-}
-
-fn describe(resource: &str, error: &watcher::Error) -> String {
-    let status = match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status),
-        watcher::Error::WatchError(status) => Some(status),
-        _ => None,
-    };
-    match status {
-        Some(status) if status.code == 403 => format!(
-            "listing {resource} is forbidden (403): grant hoist's ServiceAccount get/list/watch on {resource} cluster-wide (the chart's kubernetes.triggerAuthentication value does) ({})",
-            status.message
-        ),
-        Some(status) => format!(
-            "listing {resource}: the API server answered {} {}: {}",
-            status.code, status.reason, status.message
-        ),
-        None => format!("listing {resource}: {error}"),
-    }
+    super::follow(stream, name, GRANT, watched.error.clone(), cancel.clone());
+    watched
 }
 
 #[cfg(test)]
