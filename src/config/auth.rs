@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::{ConfigError, KubernetesAccess, KubernetesSettings};
 
 /// `namespaces = ["*"]`: the profile is open to every namespace.
 pub const ANY_NAMESPACE: &str = "*";
@@ -128,8 +128,33 @@ pub(super) fn validate(profiles: &BTreeMap<String, AuthProfile>) -> Result<(), C
     Ok(())
 }
 
+/// `kubernetes.trigger_authentication` and where its cluster-scoped
+/// Secrets live.
+pub(super) fn validate_trigger_authentication(
+    kubernetes: &KubernetesSettings,
+) -> Result<(), ConfigError> {
+    if !is_dns_label(&kubernetes.cluster_object_namespace) {
+        return Err(ConfigError::Invalid {
+            key: "kubernetes.cluster_object_namespace".to_string(),
+            reason: format!(
+                "`{}` is not a namespace name (lower-case letters, digits and `-`, at most 63)",
+                kubernetes.cluster_object_namespace
+            ),
+        });
+    }
+    if kubernetes.trigger_authentication && kubernetes.enabled == KubernetesAccess::Off {
+        return Err(ConfigError::Invalid {
+            key: "kubernetes.trigger_authentication".to_string(),
+            reason:
+                "reads TriggerAuthentications from the cluster, but kubernetes.enabled is false"
+                    .to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// A Kubernetes namespace name: an RFC 1123 label.
-pub(super) fn is_dns_label(name: &str) -> bool {
+fn is_dns_label(name: &str) -> bool {
     let bytes = name.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 63
@@ -218,5 +243,28 @@ mod tests {
 
         let open = load("[auth.any]\nnamespaces = [\"*\"]\n", &[]).unwrap();
         assert!(open.auth["any"].open_to_all() && open.auth["any"].allows("anything"));
+    }
+
+    #[test]
+    fn trigger_authentication_settings_are_checked() {
+        let settings = load("[kubernetes]\ntrigger_authentication = true\n", &[]).unwrap();
+        assert!(settings.kubernetes.trigger_authentication);
+        assert_eq!(settings.kubernetes.cluster_object_namespace, "keda");
+        for (text, key) in [
+            (
+                "[kubernetes]\nenabled = false\ntrigger_authentication = true\n",
+                "kubernetes.trigger_authentication",
+            ),
+            (
+                "[kubernetes]\ncluster_object_namespace = \"KEDA\"\n",
+                "kubernetes.cluster_object_namespace",
+            ),
+        ] {
+            let error = load(text, &[]).unwrap_err();
+            let ConfigError::Invalid { key: got, .. } = &error else {
+                panic!("{error}")
+            };
+            assert_eq!(got, key, "{text}");
+        }
     }
 }

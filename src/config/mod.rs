@@ -994,15 +994,7 @@ impl Settings {
         }
         self.interceptor.validate()?;
         auth::validate(&self.auth)?;
-        if !auth::is_dns_label(&self.kubernetes.cluster_object_namespace) {
-            return Err(ConfigError::Invalid {
-                key: "kubernetes.cluster_object_namespace".to_string(),
-                reason: format!(
-                    "`{}` is not a namespace name (lower-case letters, digits and `-`, at most 63)",
-                    self.kubernetes.cluster_object_namespace
-                ),
-            });
-        }
+        auth::validate_trigger_authentication(&self.kubernetes)?;
         if self.kubernetes.timeout.is_zero() || self.kubernetes.timeout > Duration::from_secs(60) {
             return Err(ConfigError::Invalid {
                 key: "kubernetes.timeout".to_string(),
