@@ -47,6 +47,11 @@ pub struct Context {
     pub owner: Option<crate::routing::Owner>,
     /// Completes a declared route's `upstream` (`interceptor.cluster_domain`).
     pub cluster_domain: String,
+    /// The auth params of the ScaledObject trigger's own
+    /// `authenticationRef` (a TriggerAuthentication), resolved from the
+    /// cluster by the caller; the trigger uses them as it would an auth
+    /// profile's. `None`: the trigger has none, or it was not looked up.
+    pub authentication: Option<crate::metadata::AuthParams>,
 }
 
 impl Default for Context {
@@ -55,6 +60,7 @@ impl Default for Context {
             traffic: None,
             owner: None,
             cluster_domain: "cluster.local".to_string(),
+            authentication: None,
         }
     }
 }

@@ -1,6 +1,11 @@
 //! Auth profiles (`[auth.<name>]` in hoist's config): credentials a
-//! trigger names with `authProfile` instead of carrying them, resolved on
+//! trigger names with `authRef` instead of carrying them, resolved on
 //! each use so that rotated files and changed variables are picked up.
+//!
+//! The name comes from a ScaledObject, which any tenant can write; the
+//! profile's `namespaces` (written by the operator) say which tenants'
+//! ScaledObjects may use it, checked against the namespace the driver
+//! tracks the trigger under.
 
 use std::collections::BTreeMap;
 
@@ -24,8 +29,47 @@ impl AuthProfiles {
         Self::new(settings.auth.clone())
     }
 
-    /// Reads every value of the profile `name`.
-    pub fn resolve(&self, name: &str) -> Result<AuthParams, MetadataError> {
+    /// Reads every value of the profile `name` for a ScaledObject in
+    /// `namespace`, refused unless the profile lists that namespace.
+    /// `None`: no ScaledObject asks (`hoist probe`, run by the operator).
+    pub fn resolve_for(
+        &self,
+        name: &str,
+        namespace: Option<&str>,
+    ) -> Result<AuthParams, MetadataError> {
+        if let (Some(profile), Some(namespace)) = (self.profiles.get(name), namespace)
+            && !profile.allows(namespace)
+        {
+            return Err(MetadataError::AuthProfileDenied {
+                profile: name.to_string(),
+                namespace: namespace.to_string(),
+            });
+        }
+        self.resolve(name)
+    }
+
+    /// The profiles every namespace may use (`namespaces = ["*"]`).
+    pub fn open_to_all(&self) -> Vec<&str> {
+        self.profiles
+            .iter()
+            .filter(|(_, profile)| profile.open_to_all())
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
+    /// Logs a warning for each profile every namespace may use: in a
+    /// shared cluster any tenant can then borrow its credentials.
+    pub fn warn_open_to_all(&self) {
+        for profile in self.open_to_all() {
+            tracing::warn!(
+                profile,
+                "auth profile has namespaces = [\"*\"]: a ScaledObject in any namespace can use its credentials"
+            );
+        }
+    }
+
+    /// Reads every value of the profile `name`, whoever asks.
+    fn resolve(&self, name: &str) -> Result<AuthParams, MetadataError> {
         let profile = self.profiles.get(name).ok_or_else(|| {
             let known: Vec<&str> = self.profiles.keys().map(String::as_str).collect();
             MetadataError::AuthProfile {
@@ -45,7 +89,7 @@ impl AuthProfiles {
             reason,
         };
         let mut params = AuthParams::new();
-        for (param, value) in profile {
+        for (param, value) in &profile.params {
             let resolved = match value {
                 AuthValue::Literal(literal) => literal.clone(),
                 AuthValue::Env { env } => std::env::var(env).map_err(|_| {
@@ -87,9 +131,11 @@ mod tests {
             format!(
                 r#"
 [auth.orders-redis]
+namespaces = ["orders"]
 username = "app"
 password = {{ file = "{}" }}
 [auth.broken]
+namespaces = ["*"]
 password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
 "#,
                 secret_file.display()
@@ -98,9 +144,12 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
         .unwrap();
         let settings = Settings::load(Some(&file), Vec::new(), &Overrides::default()).unwrap();
         let profiles = AuthProfiles::from_settings(&settings);
-        let params = profiles.resolve("orders-redis").unwrap();
+        let params = profiles
+            .resolve_for("orders-redis", Some("orders"))
+            .unwrap();
         assert_eq!(params["username"], "app");
         assert_eq!(params["password"], "from-file");
+        assert_eq!(profiles.open_to_all(), ["broken"]);
 
         let problems = profiles.problems();
         assert_eq!(problems.len(), 1);
@@ -110,7 +159,42 @@ password = {{ env = "HOIST_TEST_SURELY_UNSET_VARIABLE" }}
                 .contains("HOIST_TEST_SURELY_UNSET_VARIABLE")
         );
 
-        let err = profiles.resolve("missing").unwrap_err();
+        let err = profiles.resolve_for("missing", Some("orders")).unwrap_err();
         assert!(err.to_string().contains("broken, orders-redis"), "{err}");
+    }
+
+    #[test]
+    fn a_profile_is_refused_outside_its_namespaces_naming_both() {
+        let profiles = AuthProfiles::new(
+            [(
+                "orders-redis".to_string(),
+                AuthProfile::new(&["orders"], [("password", AuthValue::Literal("pw".into()))]),
+            )]
+            .into(),
+        );
+        let err = profiles
+            .resolve_for("orders-redis", Some("shop"))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            MetadataError::AuthProfileDenied {
+                profile: "orders-redis".into(),
+                namespace: "shop".into()
+            }
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("`orders-redis`") && message.contains("`shop`"),
+            "{message}"
+        );
+        assert!(!message.contains("pw"), "{message}");
+        assert_eq!(
+            profiles
+                .resolve_for("orders-redis", Some("orders"))
+                .unwrap()["password"],
+            "pw"
+        );
+        // The operator's own probe names no namespace.
+        assert!(profiles.resolve_for("orders-redis", None).is_ok());
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::cluster::Cluster;
+use crate::cluster::{AuthenticationRef, Cluster};
 
 /// What is known of who asked for a new trigger.
 #[derive(Debug, Clone, Default)]
@@ -32,8 +32,8 @@ pub struct Caller {
     /// The ScaledObject's `metadata.creationTimestamp`, when checked
     /// against the cluster.
     pub created: Option<String>,
-    /// The matching trigger's `authenticationRef`, as written.
-    pub authentication_ref: Option<serde_json::Value>,
+    /// The matching trigger's `authenticationRef`.
+    pub authentication: Option<AuthenticationRef>,
 }
 
 impl Caller {
@@ -53,12 +53,12 @@ impl Caller {
     /// Checked against its ScaledObject in the cluster.
     pub fn from_cluster(
         created: Option<String>,
-        authentication_ref: Option<serde_json::Value>,
+        authentication: Option<AuthenticationRef>,
     ) -> Self {
         Self {
             may_declare_routes: true,
             created,
-            authentication_ref,
+            authentication,
         }
     }
 }
@@ -87,6 +87,12 @@ pub enum CallerError {
         namespace: String,
         name: String,
         difference: String,
+    },
+    #[error("ScaledObject {namespace}/{name}: the trigger's authenticationRef: {reason}")]
+    BadAuthenticationRef {
+        namespace: String,
+        name: String,
+        reason: String,
     },
     /// The store cannot answer yet: the caller is neither let in nor
     /// turned away (KEDA asks again).
@@ -161,13 +167,21 @@ impl CallerPolicy {
                         difference,
                     }
                 })?;
+                let authentication =
+                    AuthenticationRef::from_trigger(trigger).map_err(|reason| {
+                        CallerError::BadAuthenticationRef {
+                            namespace: namespace.to_string(),
+                            name: name.to_string(),
+                            reason,
+                        }
+                    })?;
                 Ok(Caller::from_cluster(
                     object
                         .metadata
                         .creation_timestamp
                         .as_ref()
                         .map(|time| time.0.to_string()),
-                    trigger.get("authenticationRef").cloned(),
+                    authentication,
                 ))
             }
         }

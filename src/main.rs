@@ -173,9 +173,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let settings = load(&source)?;
             hoist::logging::init(&settings.log);
             open_files_limit();
-            for problem in AuthProfiles::from_settings(&settings).problems() {
+            let profiles = AuthProfiles::from_settings(&settings);
+            for problem in profiles.problems() {
                 tracing::warn!(%problem, "auth profile cannot be resolved yet");
             }
+            profiles.warn_open_to_all();
             let server = hoist::server::Server::bind(settings).await?;
             server.reload_from(source).run(termination()).await?;
             Ok(ExitCode::SUCCESS)
@@ -192,7 +194,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig(args) => {
             let settings = args.load()?;
             print!("{}", toml::to_string_pretty(&settings.masked())?);
-            let problems = AuthProfiles::from_settings(&settings).problems();
+            let profiles = AuthProfiles::from_settings(&settings);
+            for open in profiles.open_to_all() {
+                eprintln!(
+                    "warning: auth profile `{open}` has namespaces = [\"*\"]: a ScaledObject in any namespace can use its credentials"
+                );
+            }
+            let problems = profiles.problems();
             for problem in &problems {
                 eprintln!("error: {problem}");
             }

@@ -10,7 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
-/// Values from an auth profile, already read from their env vars or files.
+/// Values from an auth profile (already read from their env vars or
+/// files) or from a TriggerAuthentication's Secrets.
 /// Keys are lower-case: auth params are matched without regard to case,
 /// since environment variables (one way to set them) lose it.
 pub type AuthParams = BTreeMap<String, String>;
@@ -26,6 +27,12 @@ pub enum MetadataError {
     /// configuration, not the ScaledObject's, so it maps to a different code.
     #[error("auth profile `{profile}`: {reason}")]
     AuthProfile { profile: String, reason: String },
+    /// The ScaledObject's namespace is not in the profile's `namespaces`:
+    /// someone named another team's credentials (PermissionDenied).
+    #[error(
+        "auth profile `{profile}` may not be used from namespace `{namespace}`: its `namespaces` does not list it (the operator adds it to [auth.{profile}] namespaces if it should)"
+    )]
+    AuthProfileDenied { profile: String, namespace: String },
 }
 
 impl MetadataError {

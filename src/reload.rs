@@ -311,9 +311,11 @@ impl Reloader {
                         "configuration reloaded; these settings changed and take a restart to apply"
                     );
                 }
-                for problem in AuthProfiles::from_settings(&settings).problems() {
+                let profiles = AuthProfiles::from_settings(&settings);
+                for problem in profiles.problems() {
                     warn!(%problem, "auth profile cannot be resolved yet");
                 }
+                profiles.warn_open_to_all();
                 state.running = settings;
                 state.status.applied += 1;
                 state.status.restart_needed = restart_needed;

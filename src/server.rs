@@ -519,6 +519,7 @@ pub(crate) fn driver_settings(settings: &Settings, traffic: Option<Traffic>) -> 
             traffic,
             owner: None,
             cluster_domain: settings.interceptor.cluster_domain.clone(),
+            authentication: None,
         },
         assume_applied: settings.engine.assume_applied,
     }

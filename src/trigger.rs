@@ -57,9 +57,28 @@ pub fn parse(
             ),
         )
     })?;
-    let auth = match bare.find(&["authRef"], &[Origin::Metadata]) {
-        Some(name) => profiles.resolve(name.value)?,
-        None => AuthParams::new(),
+    // `authRef` is hoist's own profile; `context.authentication` the
+    // ScaledObject's TriggerAuthentication, less the params KEDA itself
+    // uses for its TLS connection to hoist. Both giving params would leave
+    // it unclear whose credentials the trigger uses: refused.
+    let authentication = context
+        .authentication
+        .as_ref()
+        .map(for_the_trigger)
+        .filter(|params| !params.is_empty());
+    let auth = match (bare.find(&["authRef"], &[Origin::Metadata]), authentication) {
+        (Some(_), Some(_)) => {
+            return Err(MetadataError::invalid(
+                "authRef",
+                "the trigger's authenticationRef (a TriggerAuthentication) gives credentials too: use one of them",
+            ));
+        }
+        (Some(name), None) => profiles.resolve_for(
+            name.value,
+            context.owner.as_ref().map(|owner| owner.namespace.as_str()),
+        )?,
+        (None, Some(authentication)) => authentication,
+        (None, None) => AuthParams::new(),
     };
     let params = Params::new(metadata, &auth);
     let trigger = scalers::parse(scaler.value, &params, context)?;
@@ -122,6 +141,22 @@ pub fn parse(
         scaling_mode,
         written,
     })
+}
+
+/// The params KEDA's external scaler reads from a TriggerAuthentication
+/// for its own gRPC connection to hoist (lower-cased): the CA of hoist's
+/// certificate and KEDA's client certificate. They are KEDA's, not the
+/// trigger's, so a trigger may name such a TriggerAuthentication next to
+/// an `authRef`.
+pub const KEDA_CONNECTION_PARAMS: [&str; 3] = ["cacert", "tlsclientcert", "tlsclientkey"];
+
+/// A TriggerAuthentication's params without KEDA's connection params.
+fn for_the_trigger(params: &AuthParams) -> AuthParams {
+    params
+        .iter()
+        .filter(|(name, _)| !KEDA_CONNECTION_PARAMS.contains(&name.as_str()))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
 }
 
 /// Which of the ScaledObject-level settings the metadata writes itself.
@@ -280,6 +315,123 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("`scaler`"), "{message}");
         assert!(message.contains("redis-sentinel"), "{message}");
+    }
+
+    fn redis_with_password(password: &str) -> Vec<(&str, &str)> {
+        let mut pairs = REDIS.to_vec();
+        pairs.push(("password", password));
+        pairs
+    }
+
+    fn parse_in(
+        pairs: &[(&str, &str)],
+        profiles: &AuthProfiles,
+        namespace: &str,
+        authentication: Option<AuthParams>,
+    ) -> Result<TriggerConfig, MetadataError> {
+        let metadata = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let context = scalers::Context {
+            owner: Some(crate::routing::Owner {
+                namespace: namespace.into(),
+                name: "orders".into(),
+            }),
+            authentication,
+            ..Default::default()
+        };
+        parse(&metadata, profiles, DEFAULTS, &context)
+    }
+
+    fn orders_profile() -> AuthProfiles {
+        use crate::config::{AuthProfile, AuthValue};
+        AuthProfiles::new(
+            [(
+                "orders-redis".to_string(),
+                AuthProfile::new(
+                    &["orders"],
+                    [("password", AuthValue::Literal("profile-pw".into()))],
+                ),
+            )]
+            .into(),
+        )
+    }
+
+    /// The source question a parse asks: it fingerprints the credentials,
+    /// so equal questions mean the same credentials reached the trigger.
+    fn question(
+        pairs: &[(&str, &str)],
+        profiles: &AuthProfiles,
+        authentication: Option<AuthParams>,
+    ) -> String {
+        parse_in(pairs, profiles, "orders", authentication)
+            .unwrap()
+            .trigger
+            .query
+            .key
+    }
+
+    #[test]
+    fn a_profile_is_used_only_from_its_namespaces() {
+        let mut pairs = REDIS.to_vec();
+        pairs.push(("authRef", "orders-redis"));
+        let profiles = orders_profile();
+        let err = parse_in(&pairs, &profiles, "shop", None).err().unwrap();
+        assert_eq!(
+            err,
+            MetadataError::AuthProfileDenied {
+                profile: "orders-redis".into(),
+                namespace: "shop".into()
+            }
+        );
+        assert_eq!(
+            question(&pairs, &profiles, None),
+            question(&redis_with_password("profile-pw"), &profiles, None),
+            "the profile's password reached the trigger in its own namespace"
+        );
+    }
+
+    #[test]
+    fn trigger_authentication_params_are_used_like_a_profiles() {
+        let authentication: AuthParams = [("password".to_string(), "ta-pw".to_string())].into();
+        let none = AuthProfiles::default();
+        let with_ta = question(&REDIS, &none, Some(authentication.clone()));
+        assert_eq!(
+            with_ta,
+            question(&redis_with_password("ta-pw"), &none, None)
+        );
+        assert_ne!(with_ta, question(&REDIS, &none, None));
+
+        // Both an authRef and an authenticationRef giving params: refused,
+        // naming both.
+        let mut pairs = REDIS.to_vec();
+        pairs.push(("authRef", "orders-redis"));
+        let profiles = orders_profile();
+        let err = parse_in(&pairs, &profiles, "orders", Some(authentication))
+            .err()
+            .unwrap();
+        let message = err.to_string();
+        assert!(
+            message.contains("`authRef`") && message.contains("authenticationRef"),
+            "{message}"
+        );
+
+        // A TriggerAuthentication holding only KEDA's TLS params for its
+        // connection to hoist (deploy/examples/tls-triggerauthentication.yaml)
+        // goes with an authRef, and gives the trigger nothing.
+        let keda_tls: AuthParams = KEDA_CONNECTION_PARAMS
+            .iter()
+            .map(|name| (name.to_string(), "pem".to_string()))
+            .collect();
+        assert_eq!(
+            question(&pairs, &profiles, Some(keda_tls.clone())),
+            question(&pairs, &profiles, None)
+        );
+        assert_eq!(
+            question(&REDIS, &profiles, Some(keda_tls)),
+            question(&REDIS, &profiles, None)
+        );
     }
 
     #[test]

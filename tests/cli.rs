@@ -51,7 +51,7 @@ fn check_config_prints_the_effective_config_with_credentials_masked() {
     let file = dir.path().join("hoist.toml");
     std::fs::write(
         &file,
-        "[grpc]\nlisten = \"127.0.0.1:7000\"\n[auth.orders]\npassword = \"very-secret-value\"\nusername = { env = \"HOME\" }\n",
+        "[grpc]\nlisten = \"127.0.0.1:7000\"\n[auth.orders]\nnamespaces = [\"orders\"]\npassword = \"very-secret-value\"\nusername = { env = \"HOME\" }\n",
     )
     .unwrap();
     let output = hoist(&[
@@ -77,7 +77,7 @@ fn check_config_prints_the_effective_config_with_credentials_masked() {
 
     std::fs::write(
         &file,
-        "[auth.orders]\npassword = { env = \"HOIST_TEST_UNSET_VARIABLE\" }\n",
+        "[auth.orders]\nnamespaces = [\"orders\"]\npassword = { env = \"HOIST_TEST_UNSET_VARIABLE\" }\n",
     )
     .unwrap();
     let output = hoist(&["check-config", "--config", file.to_str().unwrap()]);

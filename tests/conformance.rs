@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hoist::auth_profiles::AuthProfiles;
-use hoist::config::AuthValue;
+use hoist::config::{AuthProfile, AuthValue};
 use hoist::metadata::{AuthParams, Params};
 use hoist::scalers::redis::{Mode, RedisConfig, parse_config};
 use hoist::trigger::{self, Defaults};
@@ -72,14 +72,15 @@ fn as_hoist_sees_it(raw: &Value) -> Case {
         metadata.insert("authRef".into(), PROFILE.into());
         profiles.insert(
             PROFILE.to_string(),
-            auth.into_iter()
-                .map(|(k, v)| (k, AuthValue::Literal(v)))
-                .collect(),
+            AuthProfile::new(
+                &["*"],
+                auth.into_iter().map(|(k, v)| (k, AuthValue::Literal(v))),
+            ),
         );
     }
     let profiles = AuthProfiles::new(profiles);
     let auth = if metadata.contains_key("authRef") {
-        profiles.resolve(PROFILE).unwrap()
+        profiles.resolve_for(PROFILE, None).unwrap()
     } else {
         AuthParams::new()
     };

@@ -299,10 +299,22 @@ fn split_mode_with_tls_and_auth_profiles_agrees_with_the_config_it_renders() {
     for (profile, params) in values["auth"].as_hash().unwrap() {
         let profile = profile.as_str().unwrap();
         let rendered = &settings.auth[profile];
-        assert_eq!(rendered.len(), params.as_hash().unwrap().len(), "{profile}");
+        let namespaces: Vec<String> = list(&params["namespaces"])
+            .iter()
+            .map(|namespace| namespace.as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(rendered.namespaces.as_ref(), Some(&namespaces), "{profile}");
+        assert_eq!(
+            rendered.params.len() + 1,
+            params.as_hash().unwrap().len(),
+            "{profile}: its params and namespaces"
+        );
         for (param, value) in params.as_hash().unwrap() {
             let param = param.as_str().unwrap();
-            match (&rendered[param], value.as_str()) {
+            if param == "namespaces" {
+                continue;
+            }
+            match (&rendered.params[param], value.as_str()) {
                 (AuthValue::Literal(literal), Some(wanted)) => assert_eq!(literal, wanted),
                 (AuthValue::Env { env: variable }, None) => {
                     assert!(!variable.starts_with("HOIST_"), "{variable}");
@@ -567,7 +579,7 @@ fn in_process_mode_opens_the_proxies_on_hoists_own_pods() {
         state_volume["persistentVolumeClaim"]["claimName"].as_str(),
         Some("hoist-state")
     );
-    let AuthValue::File { file: secret } = &settings.auth["cache"]["password"] else {
+    let AuthValue::File { file: secret } = &settings.auth["cache"].params["password"] else {
         panic!("a file reference stays one")
     };
     let (secret_volume, _) = volume_holding(scaler, secret.to_str().unwrap());
@@ -706,8 +718,17 @@ fn bad_values_fail_the_render_with_a_reason() {
     let cases = [
         ("interceptor:\n  mode: sideways\n", "interceptor"),
         (
-            "auth:\n  a-b:\n    c: { secretKeyRef: { name: s, key: k } }\n  a:\n    b-c: { secretKeyRef: { name: s, key: k } }\n",
+            "auth:\n  a-b:\n    namespaces: [x]\n    c: { secretKeyRef: { name: s, key: k } }\n  a:\n    namespaces: [x]\n    b-c: { secretKeyRef: { name: s, key: k } }\n",
             "AUTH_A_B_C",
+        ),
+        // A profile is bound to namespaces (README: Credentials).
+        (
+            "auth:\n  orders:\n    password: { secretKeyRef: { name: s, key: k } }\n",
+            "namespaces",
+        ),
+        (
+            "auth:\n  orders:\n    namespaces: [Orders]\n    password: x\n",
+            "namespaces",
         ),
         (
             "interceptor:\n  mode: split\n  tcpRoutes:\n    - { name: db, listen: nowhere, upstream: db:5432 }\n",
@@ -764,4 +785,52 @@ fn bad_values_fail_the_render_with_a_reason() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(!String::from_utf8_lossy(&output.stdout).contains("interceptor"));
+}
+
+/// `kubernetes.triggerAuthentication`: off by default (hoist reads no
+/// Secret); on, the ClusterRole grants what the resolver watches and the
+/// config turns it on.
+#[test]
+fn trigger_authentication_grants_its_rbac_and_sets_the_config_key() {
+    let secrets_rule = |docs: &[Yaml]| {
+        list(&named(docs, "ClusterRole", "hoist")["rules"])
+            .iter()
+            .any(|rule| strings(&rule["resources"]).contains(&"secrets"))
+    };
+    let defaults = render("hoist", "keda", &[]);
+    assert!(!secrets_rule(&defaults));
+    let settings = load_ok(
+        "defaults",
+        config_text(&defaults, named(&defaults, "Deployment", "hoist")),
+    );
+    assert!(!settings.kubernetes.trigger_authentication);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("trigger-auth.yaml");
+    std::fs::write(
+        &file,
+        "kubernetes:\n  triggerAuthentication: true\n  clusterObjectNamespace: keda-system\n",
+    )
+    .unwrap();
+    let docs = render("hoist", "keda", &[file.to_str().unwrap()]);
+    let rules = list(&named(&docs, "ClusterRole", "hoist")["rules"]);
+    let granted = |resource: &str| {
+        rules.iter().any(|rule| {
+            strings(&rule["resources"]).contains(&resource)
+                && strings(&rule["verbs"]) == ["get", "list", "watch"]
+        })
+    };
+    for resource in [
+        "triggerauthentications",
+        "clustertriggerauthentications",
+        "secrets",
+    ] {
+        assert!(granted(resource), "{resource}: {rules:?}");
+    }
+    let settings = load_ok(
+        "triggerAuthentication",
+        config_text(&docs, named(&docs, "Deployment", "hoist")),
+    );
+    assert!(settings.kubernetes.trigger_authentication);
+    assert_eq!(settings.kubernetes.cluster_object_namespace, "keda-system");
 }

@@ -501,7 +501,7 @@ async fn oauthbearer_fetches_a_client_credentials_token_from_the_endpoint() {
     use axum::http::HeaderMap;
     use base64::Engine;
     use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-    use hoist::config::{AuthValue, Settings};
+    use hoist::config::{AuthProfile, AuthValue, Settings};
 
     let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let now = std::time::SystemTime::now()
@@ -543,14 +543,16 @@ async fn oauthbearer_fetches_a_client_credentials_token_from_the_endpoint() {
     let literal = |v: &str| AuthValue::Literal(v.into());
     settings.auth.insert(
         "oauth".into(),
-        [
-            ("sasl".to_string(), literal("oauthbearer")),
-            ("username".to_string(), literal("client-id")),
-            ("password".to_string(), literal("client-secret-value")),
-            ("oauthTokenEndpointUri".to_string(), literal(&endpoint)),
-            ("scopes".to_string(), literal("kafka,read")),
-        ]
-        .into(),
+        AuthProfile::new(
+            &["default"],
+            [
+                ("sasl".to_string(), literal("oauthbearer")),
+                ("username".to_string(), literal("client-id")),
+                ("password".to_string(), literal("client-secret-value")),
+                ("oauthTokenEndpointUri".to_string(), literal(&endpoint)),
+                ("scopes".to_string(), literal("kafka,read")),
+            ],
+        ),
     );
     let hoist = Hoist::start_with(settings).await;
     let object = trigger("oauth", &bootstrap, &[("authRef", "oauth")]);

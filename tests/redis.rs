@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use hoist::config::{AuthValue, Settings};
+use hoist::config::{AuthProfile, AuthValue, Settings};
 use hoist::proto::{GetMetricsRequest, ScaledObjectRef};
 use support::{Hoist, RedisCluster, RedisSentinel, RedisServer, eventually, object};
 
@@ -524,11 +524,17 @@ async fn passwords_come_from_auth_profiles_and_never_show_in_errors() {
     let mut settings = Settings::default();
     settings.auth.insert(
         "orders-redis".into(),
-        [("password".to_string(), AuthValue::Literal(password.into()))].into(),
+        AuthProfile::new(
+            &["default"],
+            [("password".to_string(), AuthValue::Literal(password.into()))],
+        ),
     );
     settings.auth.insert(
         "wrong".into(),
-        [("password".to_string(), AuthValue::Literal("not-it".into()))].into(),
+        AuthProfile::new(
+            &["default"],
+            [("password".to_string(), AuthValue::Literal("not-it".into()))],
+        ),
     );
     let hoist = Hoist::start_with(settings).await;
     let with = |profile: &str| {
@@ -595,16 +601,18 @@ async fn tls_to_redis_with_a_ca_from_the_auth_profile() {
     let mut settings = Settings::default();
     settings.auth.insert(
         "tls-redis".into(),
-        [
-            ("tls".to_string(), AuthValue::Literal("enable".into())),
-            (
-                "ca".to_string(),
-                AuthValue::File {
-                    file: ca_file.clone().into(),
-                },
-            ),
-        ]
-        .into(),
+        AuthProfile::new(
+            &["default"],
+            [
+                ("tls".to_string(), AuthValue::Literal("enable".into())),
+                (
+                    "ca".to_string(),
+                    AuthValue::File {
+                        file: ca_file.clone().into(),
+                    },
+                ),
+            ],
+        ),
     );
     let hoist = Hoist::start_with(settings).await;
     let address = format!("localhost:{tls_port}");
@@ -758,14 +766,16 @@ async fn an_acl_user_with_eval_and_without_evalsha_can_scale() {
     let mut settings = Settings::default();
     settings.auth.insert(
         "eval-only".into(),
-        [
-            ("username".to_string(), AuthValue::Literal("scaler".into())),
-            (
-                "password".to_string(),
-                AuthValue::Literal("scaler-pass".into()),
-            ),
-        ]
-        .into(),
+        AuthProfile::new(
+            &["default"],
+            [
+                ("username".to_string(), AuthValue::Literal("scaler".into())),
+                (
+                    "password".to_string(),
+                    AuthValue::Literal("scaler-pass".into()),
+                ),
+            ],
+        ),
     );
     let hoist = Hoist::start_with(settings).await;
     let on = |list: &str| {
@@ -811,17 +821,19 @@ async fn mtls_to_redis_with_an_encrypted_client_key() {
     redis.command(&["RPUSH", "secure", "a", "b", "c"]);
 
     let profile = |password: &str| -> hoist::config::AuthProfile {
-        [
-            ("tls".to_string(), AuthValue::Literal("enable".into())),
-            ("ca".to_string(), AuthValue::Literal(ca.clone())),
-            ("cert".to_string(), AuthValue::Literal(client.pem())),
-            ("key".to_string(), AuthValue::Literal(encrypted.clone())),
-            (
-                "keyPassword".to_string(),
-                AuthValue::Literal(password.into()),
-            ),
-        ]
-        .into()
+        AuthProfile::new(
+            &["default"],
+            [
+                ("tls".to_string(), AuthValue::Literal("enable".into())),
+                ("ca".to_string(), AuthValue::Literal(ca.clone())),
+                ("cert".to_string(), AuthValue::Literal(client.pem())),
+                ("key".to_string(), AuthValue::Literal(encrypted.clone())),
+                (
+                    "keyPassword".to_string(),
+                    AuthValue::Literal(password.into()),
+                ),
+            ],
+        )
     };
     let mut settings = Settings::default();
     settings.auth.insert("encrypted".into(), profile(PASSWORD));

@@ -407,7 +407,7 @@ async fn a_bad_config_is_refused_whole_and_the_old_routes_serve_on() {
     let new = [("w", "w.test", app_w), ("x", "x.test", app_x)];
 
     // A bad duration, next to a credential.
-    let secret = "[auth.orders]\npassword = \"hunter2-secret\"\n";
+    let secret = "[auth.orders]\nnamespaces = [\"orders\"]\npassword = \"hunter2-secret\"\n";
     let bad = config(proxy, &new, &[], secret).replace(
         "[interceptor]\n",
         "[interceptor]\ncold_start_timeout = \"soon\"\n",

@@ -48,12 +48,15 @@ async fn secrets_never_reach_logs_status_metrics_or_errors() {
         format!(
             r#"
 [auth.redis]
+namespaces = ["default"]
 password = "{}"
 [auth.kafka]
+namespaces = ["default"]
 sasl = "plaintext"
 username = "scaler"
 password = "{}"
 [auth.tls]
+namespaces = ["default"]
 tls = "enable"
 cert = "-----BEGIN CERTIFICATE-----"
 key = "{}"

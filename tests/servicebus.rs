@@ -429,11 +429,13 @@ async fn workload_identity_without_the_pod_setup_says_what_is_missing() {
     let mut settings = hoist::config::Settings::default();
     settings.auth.insert(
         "orders-identity".into(),
-        [(
-            "podIdentity".to_string(),
-            hoist::config::AuthValue::Literal("azure-workload".into()),
-        )]
-        .into(),
+        hoist::config::AuthProfile::new(
+            &["default"],
+            [(
+                "podIdentity".to_string(),
+                hoist::config::AuthValue::Literal("azure-workload".into()),
+            )],
+        ),
     );
     let hoist = Hoist::start_with(settings).await;
     let orders = object(

@@ -6,6 +6,7 @@
 //! the engine must too.
 
 mod object;
+mod trigger_auth;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use object::{ScaleTarget, ScaledObjectView};
+pub use trigger_auth::{AuthenticationKind, AuthenticationRef, ResolvedAuth, TriggerAuthError};
 
 use crate::config::{KubernetesAccess, KubernetesSettings};
 use crate::engine::Observed;
@@ -105,6 +107,9 @@ pub struct Cluster {
     changes: broadcast::Sender<ObjectChange>,
     /// Whether the watch's first list has completed.
     listed: tokio::sync::watch::Sender<bool>,
+    /// With `kubernetes.trigger_authentication`: what resolves triggers'
+    /// `authenticationRef`.
+    trigger_auth: Option<trigger_auth::TriggerAuthStores>,
 }
 
 /// A change the ScaledObject watch applied to the store.
@@ -177,7 +182,11 @@ impl Cluster {
                 .ok()
                 .or_else(|| std::env::var("HOSTNAME").ok()),
         };
+        let trigger_auth = settings
+            .trigger_authentication
+            .then(|| trigger_auth::TriggerAuthStores::start(&client, settings, &cancel));
         let cluster = Arc::new(Cluster {
+            trigger_auth,
             reporter,
             client: client.clone(),
             settings: settings.clone(),
@@ -195,40 +204,39 @@ impl Cluster {
             writer,
             watcher(api, watcher::Config::default()).default_backoff(),
         );
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                let next = tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    next = stream.next() => next,
-                };
-                let Some(event) = next else { return };
-                let mut error = watch_error.lock().unwrap_or_else(|e| e.into_inner());
-                match event {
-                    Ok(event) => {
-                        if let watcher::Event::InitDone = event {
-                            listed.send_replace(true);
-                        }
-                        if let Some(change) = ObjectChange::of(&event) {
-                            // Nobody following is no error.
-                            let _ = changes.send(change);
-                        }
-                        if error.take().is_some() {
-                            info!("watching ScaledObjects again");
-                        }
-                    }
-                    Err(failure) => {
-                        let reason = describe_watch_error(&failure);
-                        if error.as_deref() != Some(reason.as_str()) {
-                            warn!(error = %reason, "cannot watch ScaledObjects");
-                        }
-                        *error = Some(reason);
-                    }
+        follow(
+            stream,
+            "scaledobjects.keda.sh",
+            "",
+            watch_error,
+            cancel,
+            move |event: &watcher::Event<DynamicObject>| {
+                if let watcher::Event::InitDone = event {
+                    listed.send_replace(true);
                 }
-            }
-        });
+                if let Some(change) = ObjectChange::of(event) {
+                    // Nobody following is no error.
+                    let _ = changes.send(change);
+                }
+            },
+        );
         info!(server = %server, "reading ScaledObjects and replica counts from Kubernetes");
         Ok(Some(cluster))
+    }
+
+    /// The params a trigger's `authenticationRef` gives a ScaledObject in
+    /// `namespace`, from the watched TriggerAuthentications and Secrets.
+    pub fn trigger_authentication(
+        &self,
+        namespace: &str,
+        reference: &AuthenticationRef,
+    ) -> Result<ResolvedAuth, TriggerAuthError> {
+        match &self.trigger_auth {
+            Some(stores) => stores.resolve(namespace, reference),
+            None => Err(TriggerAuthError::Disabled {
+                auth: reference.describe(namespace),
+            }),
+        }
     }
 
     /// The API server's address, for `/status`.
@@ -440,7 +448,51 @@ async fn from_file(path: &Path) -> Result<kube::Config, ClusterError> {
         })
 }
 
-fn describe_watch_error(error: &watcher::Error) -> String {
+/// Drives a reflector's stream until `cancel`, keeping in `error` why the
+/// watch of `resource` fails while it does (logged when that changes);
+/// `grant` completes the advice for a 403.
+fn follow<S, K>(
+    stream: S,
+    resource: &'static str,
+    grant: &'static str,
+    error: Arc<Mutex<Option<String>>>,
+    cancel: CancellationToken,
+    on_event: impl Fn(&watcher::Event<K>) + Send + 'static,
+) where
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    K: Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return,
+                next = stream.next() => next,
+            };
+            let Some(event) = next else { return };
+            let mut error = error.lock().unwrap_or_else(|e| e.into_inner());
+            match event {
+                Ok(event) => {
+                    on_event(&event);
+                    if error.take().is_some() {
+                        info!(resource, "watching again");
+                    }
+                }
+                Err(failure) => {
+                    let reason = describe_watch_error(resource, grant, &failure);
+                    if error.as_deref() != Some(reason.as_str()) {
+                        warn!(resource, error = %reason, "cannot watch");
+                    }
+                    *error = Some(reason);
+                }
+            }
+        }
+    });
+}
+
+/// Why the watch of `resource` fails; `grant` completes the advice for a
+/// 403 (which RBAC rule grants it).
+fn describe_watch_error(resource: &str, grant: &str, error: &watcher::Error) -> String {
     let status = match error {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status))
@@ -450,13 +502,13 @@ fn describe_watch_error(error: &watcher::Error) -> String {
     };
     match status {
         Some(status) if status.code == 403 => format!(
-            "listing scaledobjects.keda.sh is forbidden (403): grant hoist's ServiceAccount get/list/watch on scaledobjects.keda.sh ({})",
+            "listing {resource} is forbidden (403): grant hoist's ServiceAccount get/list/watch on {resource}{grant} ({})",
             status.message
         ),
         Some(status) => format!(
-            "listing scaledobjects.keda.sh: the API server answered {} {}: {}",
+            "listing {resource}: the API server answered {} {}: {}",
             status.code, status.reason, status.message
         ),
-        None => format!("listing scaledobjects.keda.sh: {error}"),
+        None => format!("listing {resource}: {error}"),
     }
 }

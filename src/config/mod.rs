@@ -13,6 +13,10 @@ mod tls;
 
 pub use networks::{HostOverrides, OWN_ADDRESSES, contains as network_contains, parse_network};
 
+mod auth;
+
+pub use auth::{ANY_NAMESPACE, AuthProfile, AuthValue};
+
 pub use tls::{ClientTlsInvalid, ClientTlsSettings, TlsSettings};
 
 /// The longest polling interval hoist accepts, in seconds: one day (a
@@ -60,7 +64,8 @@ pub struct Settings {
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
     pub shutdown: ShutdownSettings,
-    /// Named credentials a ScaledObject can use with `authRef: <name>`.
+    /// Named credentials a ScaledObject in one of the profile's
+    /// `namespaces` can use with `authRef: <name>`.
     pub auth: BTreeMap<String, AuthProfile>,
     /// The HTTP and TCP proxies behind the `http` and `tcp` triggers.
     pub interceptor: InterceptorSettings,
@@ -91,6 +96,15 @@ pub struct KubernetesSettings {
     /// for it (a newly created one) before it is refused.
     #[serde(with = "humantime_serde")]
     pub new_object_wait: Duration,
+    /// Resolve a trigger's `authenticationRef` as KEDA does for its
+    /// built-in scalers: watch TriggerAuthentications,
+    /// ClusterTriggerAuthentications and the Secrets they read (RBAC:
+    /// get/list/watch on all three, cluster-wide). Off by default: it
+    /// lets hoist read every Secret in the cluster.
+    pub trigger_authentication: bool,
+    /// Where a ClusterTriggerAuthentication's `secretTargetRef` Secrets
+    /// live (KEDA's `clusterObjectNamespace`, its own namespace).
+    pub cluster_object_namespace: String,
 }
 
 impl Default for KubernetesSettings {
@@ -101,6 +115,8 @@ impl Default for KubernetesSettings {
             timeout: Duration::from_secs(5),
             events: true,
             new_object_wait: Duration::from_secs(3),
+            trigger_authentication: false,
+            cluster_object_namespace: "keda".to_string(),
         }
     }
 }
@@ -838,19 +854,6 @@ impl Default for LimitSettings {
     }
 }
 
-/// One auth profile: KEDA auth param names (`password`, `username`,
-/// `sentinelPassword`, `ca`, `cert`, `key`, ...) to where their values are.
-pub type AuthProfile = BTreeMap<String, AuthValue>;
-
-/// Where a credential lives. A plain string is the value itself.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum AuthValue {
-    Env { env: String },
-    File { file: PathBuf },
-    Literal(String),
-}
-
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -1046,6 +1049,8 @@ impl Settings {
             });
         }
         self.interceptor.validate()?;
+        auth::validate(&self.auth)?;
+        auth::validate_trigger_authentication(&self.kubernetes)?;
         if self.kubernetes.timeout.is_zero() || self.kubernetes.timeout > Duration::from_secs(60) {
             return Err(ConfigError::Invalid {
                 key: "kubernetes.timeout".to_string(),
@@ -1119,7 +1124,7 @@ impl Settings {
     pub fn masked(&self) -> Settings {
         let mut masked = self.clone();
         for profile in masked.auth.values_mut() {
-            for value in profile.values_mut() {
+            for value in profile.params.values_mut() {
                 if let AuthValue::Literal(literal) = value {
                     *literal = "***".to_string();
                 }
@@ -1398,6 +1403,7 @@ default_interval = "15s"
             &file,
             r#"
 [auth.orders-redis]
+namespaces = ["orders"]
 username = "app"
 password = { file = "/var/run/secrets/redis/password" }
 "#,

@@ -32,9 +32,9 @@ use arc_swap::ArcSwap;
 
 use crate::auth_profiles::AuthProfiles;
 use crate::callers::Caller;
-use crate::cluster::Cluster;
+use crate::cluster::{AuthenticationRef, Cluster, ResolvedAuth, TriggerAuthError};
 use crate::engine::{Decision, Rules};
-use crate::metadata::MetadataError;
+use crate::metadata::{AuthParams, MetadataError};
 use crate::metrics::Metrics;
 use crate::persist::{self, Snapshot};
 use crate::routing::{Owner, Registry, RouteError};
@@ -105,6 +105,8 @@ pub enum TrackError {
     SourceNotAllowed { endpoint: String },
     #[error("bad trigger metadata: {0}")]
     Route(#[from] RouteError),
+    #[error("{0}")]
+    TriggerAuth(#[from] TriggerAuthError),
 }
 
 /// A trigger's metadata parsed with the settings and auth profiles in
@@ -113,12 +115,14 @@ fn parse_allowed(
     key: &TriggerKey,
     settings: &DriverSettings,
     profiles: &AuthProfiles,
+    authentication: Option<AuthParams>,
 ) -> Result<TriggerConfig, TrackError> {
     let context = crate::scalers::Context {
         owner: Some(Owner {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
         }),
+        authentication,
         ..settings.context.clone()
     };
     let config = trigger::parse(&key.metadata_map(), profiles, settings.defaults, &context)?;
@@ -215,6 +219,9 @@ pub struct Tracked {
     last_seen_ms: AtomicU64,
     open_streams: AtomicUsize,
     epoch: Instant,
+    /// The TriggerAuthentication its credentials came from, and the
+    /// version they were read at (a rotation shows as a new version).
+    credentials: Option<(AuthenticationRef, String)>,
 }
 
 impl Tracked {
@@ -432,6 +439,17 @@ impl Driver {
         let Some(tracked) = self.read_triggers().get(key.identity()).cloned() else {
             return Ok(None);
         };
+        if self.credentials_rotated(&tracked) {
+            // Tracked anew with what the Secret holds now.
+            info!(namespace = %key.namespace, scaled_object = %key.name, "the trigger's TriggerAuthentication or Secret changed: reading its credentials again");
+            let mut triggers = self
+                .inner
+                .triggers
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            self.forget(&mut triggers, key);
+            return Ok(None);
+        }
         tracked.touch();
         if let (Some(spec), Some(routes)) = (&tracked.config.trigger.route, &self.inner.routes) {
             routes.claim(key.identity(), spec)?;
@@ -465,7 +483,16 @@ impl Driver {
                 limit: settings.max_tracked_metadata_bytes,
             });
         }
-        let config = parse_allowed(&key, &settings, &self.inner.profiles.load())?;
+        let credentials = self.credentials(&key, caller)?;
+        let config = parse_allowed(
+            &key,
+            &settings,
+            &self.inner.profiles.load(),
+            credentials
+                .as_ref()
+                .map(|(_, resolved)| resolved.params.clone()),
+        )?;
+        let credentials = credentials.map(|(reference, resolved)| (reference, resolved.version));
         // Claimed before tracking: a trigger that replaces an older one of
         // its ScaledObject (an edit) takes the route over, never dropping it.
         let declared = config.trigger.route.clone();
@@ -487,12 +514,58 @@ impl Driver {
             routes.claim(key.identity(), spec)?;
         }
         let identity = key.identity.clone();
-        self.track_parsed(key, config).map_err(|error| {
-            if let (Some(spec), Some(routes)) = (&declared, &self.inner.routes) {
-                routes.release(&identity, &spec.name);
-            }
-            TrackError::from(error)
-        })
+        self.track_with_credentials(key, config, credentials)
+            .map_err(|error| {
+                if let (Some(spec), Some(routes)) = (&declared, &self.inner.routes) {
+                    routes.release(&identity, &spec.name);
+                }
+                TrackError::from(error)
+            })
+    }
+
+    /// The credentials of the caller's TriggerAuthentication, when hoist
+    /// resolves them (`kubernetes.trigger_authentication`); otherwise the
+    /// trigger's `authenticationRef` is KEDA's own business (the TLS it
+    /// uses to reach hoist) and is left alone.
+    fn credentials(
+        &self,
+        key: &TriggerKey,
+        caller: &Caller,
+    ) -> Result<Option<(AuthenticationRef, ResolvedAuth)>, TrackError> {
+        let Some(reference) = &caller.authentication else {
+            return Ok(None);
+        };
+        Ok(self
+            .resolve_credentials(&key.namespace, reference)?
+            .map(|resolved| (reference.clone(), resolved)))
+    }
+
+    fn resolve_credentials(
+        &self,
+        namespace: &str,
+        reference: &AuthenticationRef,
+    ) -> Result<Option<ResolvedAuth>, TrackError> {
+        let Some(cluster) = self.cluster() else {
+            return Ok(None);
+        };
+        match cluster.trigger_authentication(namespace, reference) {
+            Ok(resolved) => Ok(Some(resolved)),
+            Err(TriggerAuthError::Disabled { .. }) => Ok(None),
+            Err(error) => Err(TrackError::TriggerAuth(error)),
+        }
+    }
+
+    /// Whether the TriggerAuthentication (or a Secret it reads) changed
+    /// since the trigger's credentials were read.
+    fn credentials_rotated(&self, tracked: &Tracked) -> bool {
+        let Some((reference, version)) = &tracked.credentials else {
+            return false;
+        };
+        match self.resolve_credentials(&tracked.key.namespace, reference) {
+            Ok(Some(resolved)) => resolved.version != *version,
+            // Gone or unreadable: tracked anew, the refusal says why.
+            Ok(None) | Err(_) => true,
+        }
     }
 
     /// Settings from a reloaded config, for triggers tracked from now on
@@ -527,7 +600,16 @@ impl Driver {
             .read_triggers()
             .values()
             .filter_map(|tracked| {
-                parse_allowed(&tracked.key, &settings, &profiles)
+                let authentication = match &tracked.credentials {
+                    None => Ok(None),
+                    Some((reference, _)) => self
+                        .resolve_credentials(&tracked.key.namespace, reference)
+                        .map(|resolved| resolved.map(|r| r.params)),
+                };
+                authentication
+                    .and_then(|authentication| {
+                        parse_allowed(&tracked.key, &settings, &profiles, authentication)
+                    })
                     .err()
                     .map(|error| (tracked.key.clone(), error))
             })
@@ -561,6 +643,15 @@ impl Driver {
         &self,
         key: TriggerKey,
         config: TriggerConfig,
+    ) -> Result<Arc<Tracked>, MetadataError> {
+        self.track_with_credentials(key, config, None)
+    }
+
+    fn track_with_credentials(
+        &self,
+        key: TriggerKey,
+        config: TriggerConfig,
+        credentials: Option<(AuthenticationRef, String)>,
     ) -> Result<Arc<Tracked>, MetadataError> {
         let mut triggers = self
             .inner
@@ -656,6 +747,7 @@ impl Driver {
             last_seen_ms: AtomicU64::new(0),
             open_streams: AtomicUsize::new(0),
             epoch: self.inner.epoch,
+            credentials,
         });
         tracked.touch();
         self.inner

@@ -5,6 +5,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 
 use crate::callers::CallerError;
+use crate::cluster::TriggerAuthError;
 use crate::driver::{PollError, Reading, TrackError};
 use crate::metadata::MetadataError;
 use crate::routing::RouteError;
@@ -77,13 +78,22 @@ impl RpcError {
 
     pub fn code(&self) -> Code {
         match self {
-            RpcError::Caller(CallerError::BadName { .. }) => Code::InvalidArgument,
+            RpcError::Caller(
+                CallerError::BadName { .. } | CallerError::BadAuthenticationRef { .. },
+            ) => Code::InvalidArgument,
+            RpcError::Track(TrackError::TriggerAuth(TriggerAuthError::NotSynced { .. })) => {
+                Code::Unavailable
+            }
+            RpcError::Track(TrackError::TriggerAuth(_)) => Code::FailedPrecondition,
             RpcError::Caller(CallerError::NoScaledObject { .. } | CallerError::Mismatch { .. }) => {
                 Code::PermissionDenied
             }
             RpcError::Caller(CallerError::Unchecked(_)) => Code::Unavailable,
             RpcError::Track(TrackError::Metadata(MetadataError::AuthProfile { .. })) => {
                 Code::FailedPrecondition
+            }
+            RpcError::Track(TrackError::Metadata(MetadataError::AuthProfileDenied { .. })) => {
+                Code::PermissionDenied
             }
             RpcError::Track(TrackError::Metadata(_)) => Code::InvalidArgument,
             RpcError::Track(
@@ -135,6 +145,11 @@ mod tests {
             reason: "r".into(),
         }));
         assert_eq!(profile.code(), Code::FailedPrecondition);
+        let borrowed = RpcError::from(TrackError::from(MetadataError::AuthProfileDenied {
+            profile: "orders-redis".into(),
+            namespace: "shop".into(),
+        }));
+        assert_eq!(borrowed.code(), Code::PermissionDenied);
         let crowded = RpcError::from(TrackError::TooManyTriggers { limit: 3 });
         assert_eq!(crowded.code(), Code::ResourceExhausted);
         let refused = RpcError::from(TrackError::SourceNotAllowed {

@@ -42,6 +42,7 @@ allowed_upstreams = ["*.example.com:*"]
 [interceptor.tls]
 ca_file = "/etc/hoist/channel/ca.crt"
 [auth.orders]
+namespaces = ["orders"]
 password = "a-secret"
 "#,
     );
@@ -104,6 +105,7 @@ default_interval = "15s"
 [limits]
 allowed_sources = ["*.svc:*"]
 [auth.orders]
+namespaces = ["orders"]
 password = "literal"
 username = { env = "HOME" }
 ca = { file = "/etc/ca.pem" }

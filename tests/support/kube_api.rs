@@ -1,15 +1,17 @@
 //! A stand-in for the Kubernetes API server on loopback. No real API server
 //! can run on these machines (none is packaged for the registries they
 //! reach), so this serves the few paths hoist uses, with the JSON shapes of
-//! the real API: the cluster-wide ScaledObject list and watch
-//! (`keda.sh/v1alpha1`), the `/scale` subresource (`autoscaling/v1` Scale)
+//! the real API: cluster-wide lists and watches of ScaledObjects,
+//! TriggerAuthentications, ClusterTriggerAuthentications
+//! (`keda.sh/v1alpha1`) and Secrets (`v1`, `data` base64-encoded), the
+//! `/scale` subresource (`autoscaling/v1` Scale)
 //! of Deployments, StatefulSets and a custom resource, API discovery for
 //! that resource, and `events.k8s.io/v1` Events. Failures are switched on
 //! per test: the API down (503), RBAC refusals (403).
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -22,13 +24,48 @@ use tokio::sync::broadcast;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 
+/// A resource served with list and watch: (path segments of its
+/// cluster-wide list, apiVersion, kind, namespaced).
+const COLLECTIONS: [(&[&str], &str, &str, bool); 4] = [
+    (
+        &["apis", "keda.sh", "v1alpha1", "scaledobjects"],
+        "keda.sh/v1alpha1",
+        "ScaledObject",
+        true,
+    ),
+    (
+        &["apis", "keda.sh", "v1alpha1", "triggerauthentications"],
+        "keda.sh/v1alpha1",
+        "TriggerAuthentication",
+        true,
+    ),
+    (
+        &[
+            "apis",
+            "keda.sh",
+            "v1alpha1",
+            "clustertriggerauthentications",
+        ],
+        "keda.sh/v1alpha1",
+        "ClusterTriggerAuthentication",
+        false,
+    ),
+    (&["api", "v1", "secrets"], "v1", "Secret", true),
+];
+
+/// The plural (last path segment) that names a collection.
+fn plural(segments: &[&str]) -> String {
+    segments[segments.len() - 1].to_string()
+}
+
 #[derive(Default)]
 struct ApiState {
     resource_version: u64,
-    /// ScaledObjects by (namespace, name).
-    scaled_objects: BTreeMap<(String, String), Value>,
-    /// Watch events so far: (resourceVersion, JSON line).
-    history: Vec<(u64, String)>,
+    /// Objects by plural, then (namespace, name); cluster-scoped ones have
+    /// an empty namespace.
+    objects: BTreeMap<String, BTreeMap<(String, String), Value>>,
+    /// Watch events so far: (resourceVersion, plural, JSON line).
+    history: Vec<(u64, String, String)>,
     /// Scales by (plural, namespace, name): (spec, status).
     scales: BTreeMap<(String, String, String), (i64, i64)>,
     /// Custom kinds discovery serves: (group/version) → [(kind, plural)].
@@ -37,7 +74,8 @@ struct ApiState {
     scale_reads: u64,
     down: bool,
     forbid_scale: bool,
-    forbid_list: bool,
+    /// Plurals whose list and watch answer 403.
+    forbidden: BTreeSet<String>,
     /// ScaledObjects created so far (their creation times follow).
     created: u64,
 }
@@ -46,7 +84,7 @@ struct ApiState {
 pub struct FakeApi {
     pub addr: SocketAddr,
     state: Arc<Mutex<ApiState>>,
-    live: broadcast::Sender<(u64, String)>,
+    live: broadcast::Sender<(u64, String, String)>,
     dir: tempfile::TempDir,
 }
 
@@ -88,12 +126,13 @@ impl FakeApi {
     /// Creates or replaces a ScaledObject from its `spec`. A new one is
     /// created a second after the one before (`creationTimestamp`).
     pub fn put_scaled_object(&self, namespace: &str, name: &str, spec: Value) {
-        let created = self
+        let existing = self
             .lock()
-            .scaled_objects
-            .get(&(namespace.to_string(), name.to_string()))
+            .objects
+            .get("scaledobjects")
+            .and_then(|objects| objects.get(&(namespace.to_string(), name.to_string())))
             .map(|object| object["metadata"]["creationTimestamp"].clone());
-        let created = created.unwrap_or_else(|| {
+        let created = existing.unwrap_or_else(|| {
             let mut state = self.lock();
             state.created += 1;
             json!(format!(
@@ -102,7 +141,7 @@ impl FakeApi {
                 state.created % 60
             ))
         });
-        self.write_scaled_object(namespace, name, spec, created);
+        self.put_scaled_object_created(namespace, name, spec, created.as_str().unwrap_or_default());
     }
 
     /// Creates or replaces a ScaledObject with its own creation time
@@ -114,53 +153,129 @@ impl FakeApi {
         spec: Value,
         created: &str,
     ) {
-        self.write_scaled_object(namespace, name, spec, json!(created));
+        self.put_object(
+            "scaledobjects",
+            namespace,
+            name,
+            json!({"metadata": {"generation": 1, "creationTimestamp": created}, "spec": spec}),
+        );
     }
 
     /// Deletes a ScaledObject (a `DELETED` watch event).
     pub fn delete_scaled_object(&self, namespace: &str, name: &str) {
+        self.delete_object("scaledobjects", namespace, name);
+    }
+
+    /// Creates or replaces a TriggerAuthentication from its `spec`.
+    pub fn put_trigger_authentication(&self, namespace: &str, name: &str, spec: Value) {
+        self.put_object(
+            "triggerauthentications",
+            namespace,
+            name,
+            json!({"spec": spec}),
+        );
+    }
+
+    /// Creates or replaces a ClusterTriggerAuthentication from its `spec`.
+    pub fn put_cluster_trigger_authentication(&self, name: &str, spec: Value) {
+        self.put_object(
+            "clustertriggerauthentications",
+            "",
+            name,
+            json!({"spec": spec}),
+        );
+    }
+
+    /// Creates or replaces an Opaque Secret; the API stores and serves
+    /// `data` base64-encoded (a stored Secret never has `stringData`).
+    pub fn put_secret(&self, namespace: &str, name: &str, data: &[(&str, &str)]) {
+        use base64::Engine;
+        let encoded: serde_json::Map<String, Value> = data
+            .iter()
+            .map(|(key, value)| {
+                let value = base64::engine::general_purpose::STANDARD.encode(value);
+                (key.to_string(), Value::String(value))
+            })
+            .collect();
+        self.put_object(
+            "secrets",
+            namespace,
+            name,
+            json!({"type": "Opaque", "data": encoded}),
+        );
+    }
+
+    /// Creates or replaces any served object (`plural`: `scaledobjects`,
+    /// `triggerauthentications`, `clustertriggerauthentications`,
+    /// `secrets`; `namespace` empty for a cluster-scoped one). `body`
+    /// holds the fields besides apiVersion and kind; its `metadata` is
+    /// completed with name, namespace, uid and a new resourceVersion.
+    pub fn put_object(&self, plural: &str, namespace: &str, name: &str, body: Value) {
+        let (_, api_version, kind, _) = collection(plural);
         let mut state = self.lock();
-        let Some(mut object) = state
-            .scaled_objects
-            .remove(&(namespace.to_string(), name.to_string()))
-        else {
+        state.resource_version += 1;
+        let version = state.resource_version;
+        let key = (namespace.to_string(), name.to_string());
+        let event = if state
+            .objects
+            .get(plural)
+            .is_some_and(|o| o.contains_key(&key))
+        {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        let mut object = body;
+        object["apiVersion"] = json!(api_version);
+        object["kind"] = json!(kind);
+        let metadata = &mut object["metadata"];
+        if metadata.is_null() {
+            *metadata = json!({});
+        }
+        metadata["name"] = json!(name);
+        if !namespace.is_empty() {
+            metadata["namespace"] = json!(namespace);
+        }
+        metadata["uid"] = json!(format!("uid-{plural}-{namespace}-{name}"));
+        metadata["resourceVersion"] = json!(version.to_string());
+        if plural == "scaledobjects" {
+            // The uid the ScaledObject tests have always seen.
+            metadata["uid"] = json!(format!("uid-{namespace}-{name}"));
+        }
+        state
+            .objects
+            .entry(plural.to_string())
+            .or_default()
+            .insert(key, object.clone());
+        Self::record(&mut state, &self.live, plural, version, event, object);
+    }
+
+    /// Deletes an object put before; a DELETED event goes to watches.
+    pub fn delete_object(&self, plural: &str, namespace: &str, name: &str) {
+        let mut state = self.lock();
+        let key = (namespace.to_string(), name.to_string());
+        let Some(mut object) = state.objects.get_mut(plural).and_then(|o| o.remove(&key)) else {
             return;
         };
         state.resource_version += 1;
         let version = state.resource_version;
         object["metadata"]["resourceVersion"] = json!(version.to_string());
-        let line = json!({"type": "DELETED", "object": object}).to_string() + "\n";
-        state.history.push((version, line.clone()));
-        let _ = self.live.send((version, line));
+        Self::record(&mut state, &self.live, plural, version, "DELETED", object);
     }
 
-    fn write_scaled_object(&self, namespace: &str, name: &str, spec: Value, created: Value) {
-        let mut state = self.lock();
-        state.resource_version += 1;
-        let version = state.resource_version;
-        let key = (namespace.to_string(), name.to_string());
-        let kind = if state.scaled_objects.contains_key(&key) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        let object = json!({
-            "apiVersion": "keda.sh/v1alpha1",
-            "kind": "ScaledObject",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "uid": format!("uid-{namespace}-{name}"),
-                "resourceVersion": version.to_string(),
-                "generation": 1,
-                "creationTimestamp": created,
-            },
-            "spec": spec,
-        });
-        state.scaled_objects.insert(key, object.clone());
-        let line = json!({"type": kind, "object": object}).to_string() + "\n";
-        state.history.push((version, line.clone()));
-        let _ = self.live.send((version, line));
+    fn record(
+        state: &mut ApiState,
+        live: &broadcast::Sender<(u64, String, String)>,
+        plural: &str,
+        version: u64,
+        event: &str,
+        object: Value,
+    ) {
+        let line = json!({"type": event, "object": object}).to_string() + "\n";
+        state
+            .history
+            .push((version, plural.to_string(), line.clone()));
+        let _ = live.send((version, plural.to_string(), line));
     }
 
     /// Sets a target's `/scale`: `plural` is `deployments`,
@@ -189,8 +304,19 @@ impl FakeApi {
         self.lock().forbid_scale = forbid;
     }
 
+    /// ScaledObjects' list and watch answer 403.
     pub fn forbid_list(&self, forbid: bool) {
-        self.lock().forbid_list = forbid;
+        self.forbid("scaledobjects", forbid);
+    }
+
+    /// `plural`'s list and watch answer 403, as without RBAC for it.
+    pub fn forbid(&self, plural: &str, forbid: bool) {
+        let mut state = self.lock();
+        if forbid {
+            state.forbidden.insert(plural.to_string());
+        } else {
+            state.forbidden.remove(plural);
+        }
     }
 
     /// Events posted so far (created or patched).
@@ -201,6 +327,14 @@ impl FakeApi {
     pub fn scale_reads(&self) -> u64 {
         self.lock().scale_reads
     }
+}
+
+/// The served collection named by `plural`; a test naming another is wrong.
+fn collection(plural: &str) -> (&'static [&'static str], &'static str, &'static str, bool) {
+    COLLECTIONS
+        .into_iter()
+        .find(|(segments, ..)| segments[segments.len() - 1] == plural)
+        .unwrap_or_else(|| panic!("the fake API serves no `{plural}`"))
 }
 
 fn status(code: StatusCode, reason: &str, message: &str) -> Response {
@@ -218,7 +352,7 @@ fn status(code: StatusCode, reason: &str, message: &str) -> Response {
 
 fn handle(
     state: &Mutex<ApiState>,
-    live: &broadcast::Sender<(u64, String)>,
+    live: &broadcast::Sender<(u64, String, String)>,
     method: Method,
     uri: Uri,
     body: Bytes,
@@ -234,12 +368,22 @@ fn handle(
     let query = uri.query().unwrap_or("");
     let segments: Vec<&str> = uri.path().trim_matches('/').split('/').collect();
     match (method.clone(), segments.as_slice()) {
-        (Method::GET, ["apis", "keda.sh", "v1alpha1", "scaledobjects"]) => {
-            if guard.forbid_list {
+        (Method::GET, segments) if COLLECTIONS.iter().any(|(path, ..)| *path == segments) => {
+            let plural = plural(segments);
+            let (_, api_version, kind, _) = collection(&plural);
+            if guard.forbidden.contains(&plural) {
+                let group = if api_version == "v1" { "" } else { "keda.sh" };
                 return status(
                     StatusCode::FORBIDDEN,
                     "Forbidden",
-                    "scaledobjects.keda.sh is forbidden: User \"system:serviceaccount:keda:hoist\" cannot list resource \"scaledobjects\" in API group \"keda.sh\" at the cluster scope",
+                    &format!(
+                        "{plural}{} is forbidden: User \"system:serviceaccount:keda:hoist\" cannot list resource \"{plural}\" in API group \"{group}\" at the cluster scope",
+                        if group.is_empty() {
+                            String::new()
+                        } else {
+                            format!(".{group}")
+                        }
+                    ),
                 );
             }
             if query
@@ -257,15 +401,15 @@ fn handle(
                 let replay: Vec<(u64, String)> = guard
                     .history
                     .iter()
-                    .filter(|(version, _)| *version > from)
-                    .cloned()
+                    .filter(|(version, of, _)| *version > from && *of == plural)
+                    .map(|(version, _, line)| (*version, line.clone()))
                     .collect();
                 let last = replay.last().map_or(from, |(version, _)| *version);
                 drop(guard);
                 let replayed = tokio_stream::iter(replay.into_iter().map(|(_, line)| line));
                 let live_lines =
                     BroadcastStream::new(receiver).filter_map(move |event| match event {
-                        Ok((version, line)) if version > last => Some(line),
+                        Ok((version, of, line)) if version > last && of == plural => Some(line),
                         _ => None,
                     });
                 let stream = replayed
@@ -276,10 +420,14 @@ fn handle(
                     .body(Body::from_stream(stream))
                     .unwrap();
             }
-            let items: Vec<Value> = guard.scaled_objects.values().cloned().collect();
+            let items: Vec<Value> = guard
+                .objects
+                .get(&plural)
+                .map(|objects| objects.values().cloned().collect())
+                .unwrap_or_default();
             axum::Json(json!({
-                "apiVersion": "keda.sh/v1alpha1",
-                "kind": "ScaledObjectList",
+                "apiVersion": api_version,
+                "kind": format!("{kind}List"),
                 "metadata": {"resourceVersion": guard.resource_version.to_string()},
                 "items": items,
             }))

@@ -104,7 +104,7 @@ every character outside [A-Z0-9_] replaced by `_`. Call with (list profile param
 {{- $out := list -}}
 {{- $seen := dict -}}
 {{- range $profile, $params := .Values.auth -}}
-{{- range $param, $value := $params -}}
+{{- range $param, $value := omit $params "namespaces" -}}
 {{- if kindIs "map" $value -}}
 {{- if not $value.secretKeyRef -}}
 {{- fail (printf "auth.%s.%s: give a string or secretKeyRef: {name, key}" $profile $param) -}}
@@ -238,7 +238,11 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 {{- $auth := dict -}}
 {{- range $profile, $params := .Values.auth -}}
 {{- $resolved := dict -}}
-{{- range $param, $value := $params -}}
+{{- if not (kindIs "slice" $params.namespaces) -}}
+{{- fail (printf "auth.%s.namespaces: list the namespaces whose ScaledObjects may use the profile (e.g. [\"orders\"]; [\"*\"] for any)" $profile) -}}
+{{- end -}}
+{{- $_ := set $resolved "namespaces" $params.namespaces -}}
+{{- range $param, $value := omit $params "namespaces" -}}
 {{- if kindIs "map" $value -}}
 {{- $_ := set $resolved $param (dict "env" (include "hoist.authEnvName" (list $profile $param))) -}}
 {{- else -}}
@@ -248,6 +252,11 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 {{- $_ := set $auth $profile $resolved -}}
 {{- end -}}
 {{- if $auth }}{{ $_ := set $generated "auth" $auth }}{{ end -}}
+{{- if .Values.kubernetes.triggerAuthentication -}}
+{{- $_ := set $generated "kubernetes" (dict
+      "trigger_authentication" true
+      "cluster_object_namespace" .Values.kubernetes.clusterObjectNamespace) -}}
+{{- end -}}
 {{- if eq $mode "inProcess" -}}
 {{- $_ := set $generated "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
 {{- else if eq $mode "split" -}}
