@@ -6,6 +6,7 @@
 //! the engine must too.
 
 mod object;
+mod token_review;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use object::{ScaleTarget, ScaledObjectView};
+pub use token_review::{Review, ReviewError, TokenReviewer};
 
 use crate::config::{KubernetesAccess, KubernetesSettings};
 use crate::engine::Observed;

@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod admin_auth;
 mod tls;
 
+pub use admin_auth::{AdminAuthSettings, CallerPattern, DEFAULT_TOKEN_FILE, Require};
 pub use tls::{ClientTlsInvalid, ClientTlsSettings, TlsSettings};
 
 /// The longest polling interval hoist accepts, in seconds: one day (a
@@ -727,6 +729,9 @@ pub struct ShutdownSettings {
 pub struct AdminSettings {
     pub listen: SocketAddr,
     pub tls: Option<TlsSettings>,
+    /// Who may read the reports (everything but `/healthz`, `/readyz`,
+    /// `/metrics`), and this hoist's own credential for other admin ports.
+    pub auth: AdminAuthSettings,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -835,6 +840,7 @@ impl Default for AdminSettings {
         Self {
             listen: SocketAddr::from(([0, 0, 0, 0], 9091)),
             tls: None,
+            auth: AdminAuthSettings::default(),
         }
     }
 }
@@ -999,6 +1005,12 @@ impl Settings {
             });
         }
         self.check_listener_collisions()?;
+        if let Some((key, reason)) = self.admin.auth.problem() {
+            return Err(ConfigError::Invalid {
+                key: key.to_string(),
+                reason,
+            });
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return Err(ConfigError::Invalid {
                 key: "log.level".to_string(),
