@@ -286,3 +286,19 @@ async fn a_client_certificate_reads_reports_and_probes_need_none() {
     );
     hoist.stop().await.unwrap();
 }
+
+/// Tokens cannot be checked without Kubernetes access: they are refused
+/// (never believed), the reason is given, and KEDA's gRPC is served on.
+#[tokio::test]
+async fn without_kubernetes_access_tokens_are_refused_with_the_reason() {
+    let mut settings = Settings::default();
+    settings.kubernetes.enabled = hoist::config::KubernetesAccess::Off;
+    settings.admin.auth.require = Require::Always;
+    settings.admin.auth.allowed_callers = vec![INTERCEPTOR_SA.into()];
+    let hoist = Hoist::start_with(settings).await;
+    let (status, body) = get(hoist.admin, "/status", Some("interceptor-token")).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("kubernetes.enabled = false"), "{body}");
+    assert_eq!(get(hoist.admin, "/readyz", None).await.0, 200);
+    hoist.stop().await.unwrap();
+}

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
 use crate::cluster::{ClusterError, Review, TokenReviewer};
-use crate::config::{CallerPattern, Settings};
+use crate::config::{CallerPattern, KubernetesAccess, Settings};
 use crate::logging::Summary;
 use crate::tls::TlsListener;
 
@@ -59,6 +59,8 @@ pub struct Guard {
     required: bool,
     mtls: bool,
     reviewer: Option<TokenReviewer>,
+    /// Why tokens cannot be checked though `allowed_callers` is set.
+    no_review: Option<String>,
     allowed: Vec<CallerPattern>,
 }
 
@@ -79,19 +81,40 @@ impl Guard {
             .iter()
             .filter_map(|pattern| CallerPattern::new(pattern).ok())
             .collect();
+        // Tokens are checked with the Kubernetes API as `[kubernetes]`
+        // reaches it; without access (off, or `auto` finding no
+        // configuration) a token is refused, never believed.
+        let mut no_review = None;
         let reviewer = if required && !allowed.is_empty() {
-            Some(
-                TokenReviewer::connect(
-                    settings.kubernetes.kubeconfig.as_ref(),
-                    settings.kubernetes.timeout,
+            let kubernetes = &settings.kubernetes;
+            if kubernetes.enabled == KubernetesAccess::Off {
+                no_review = Some("kubernetes.enabled = false".to_string());
+                None
+            } else {
+                match TokenReviewer::connect(
+                    kubernetes.kubeconfig.as_ref(),
+                    kubernetes.timeout,
                     auth.audiences.clone(),
                     auth.cache_ttl,
                 )
-                .await?,
-            )
+                .await
+                {
+                    Ok(reviewer) => Some(reviewer),
+                    Err(ClusterError::NoConfig(reason))
+                        if kubernetes.enabled == KubernetesAccess::Auto =>
+                    {
+                        no_review = Some(format!("no Kubernetes configuration found: {reason}"));
+                        None
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
         } else {
             None
         };
+        if let Some(reason) = &no_review {
+            warn!(%reason, "admin port: admin.auth.allowed_callers is set but tokens cannot be checked; bearer tokens are refused");
+        }
         let listen = settings.admin.listen;
         match (required, mtls, reviewer.is_some()) {
             (false, _, _) => {
@@ -108,6 +131,7 @@ impl Guard {
             required,
             mtls,
             reviewer,
+            no_review,
             allowed,
         })
     }
@@ -118,6 +142,7 @@ impl Guard {
             required: false,
             mtls: false,
             reviewer: None,
+            no_review: None,
             allowed: Vec::new(),
         }
     }
@@ -154,6 +179,14 @@ impl Guard {
     }
 
     fn how_to(&self) -> String {
+        if let Some(reason) = &self.no_review {
+            let mtls = if self.mtls {
+                "present a client certificate (mTLS); "
+            } else {
+                ""
+            };
+            return format!("{mtls}bearer tokens cannot be checked here ({reason})");
+        }
         match (self.mtls, self.reviewer.is_some()) {
             (true, true) => "present a client certificate (mTLS) or a Kubernetes ServiceAccount token (Authorization: Bearer)",
             (true, false) => "present a client certificate (mTLS)",
