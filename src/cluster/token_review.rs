@@ -20,6 +20,11 @@ use super::ClusterError;
 /// send).
 const MAX_CACHED: usize = 4096;
 
+/// TokenReviews in flight at once: a stranger sending new tokens as fast
+/// as it can does not turn hoist into a flood on the API server (the rest
+/// wait, within `kubernetes.timeout`, then get 503).
+const MAX_IN_FLIGHT: usize = 8;
+
 /// What the API server said about a token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Review {
@@ -47,6 +52,7 @@ pub struct TokenReviewer {
     timeout: Duration,
     ttl: Duration,
     cache: Mutex<HashMap<[u8; 32], (Instant, Review)>>,
+    in_flight: tokio::sync::Semaphore,
 }
 
 impl TokenReviewer {
@@ -77,6 +83,7 @@ impl TokenReviewer {
             timeout,
             ttl,
             cache: Mutex::new(HashMap::new()),
+            in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
         })
     }
 
@@ -114,10 +121,11 @@ impl TokenReviewer {
             },
             ..Default::default()
         };
-        let answer = tokio::time::timeout(
-            self.timeout,
-            self.api.create(&PostParams::default(), &request),
-        )
+        let answer = tokio::time::timeout(self.timeout, async {
+            // Never closed: the semaphore lives as long as `self`.
+            let _permit = self.in_flight.acquire().await;
+            self.api.create(&PostParams::default(), &request).await
+        })
         .await
         .map_err(|_| ReviewError::Timeout(self.timeout))?
         .map_err(|error| match error {
