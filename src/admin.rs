@@ -1,6 +1,9 @@
-//! The admin HTTP listener: `/healthz`, `/readyz`, `/metrics`, `/status`
-//! (scaler), `/status/config` (config reloads), `/interceptor/*`
-//! (interceptor).
+//! The admin HTTP listener: `/healthz`, `/readyz`, `/metrics` (open to
+//! whoever reaches the port), and the reports behind [`auth`]: `/status`
+//! and `/routes/table` (scaler), `/status/config` (config reloads),
+//! `/interceptor/*` (interceptor).
+
+pub mod auth;
 
 use std::sync::Arc;
 
@@ -29,13 +32,20 @@ pub struct AdminState {
     pub ready: watch::Receiver<bool>,
     /// Reloads of the config, when this process reloads it.
     pub reload: Option<Arc<crate::reload::Reloader>>,
+    /// Who may read the reports.
+    pub auth: Arc<auth::Guard>,
 }
 
+/// Serve it with `into_make_service_with_connect_info::<auth::Peer>()`:
+/// without that, a client certificate is not seen.
 pub fn router(state: AdminState) -> Router {
-    let mut router = Router::new()
+    let open = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics));
+        .route("/metrics", get(metrics))
+        .with_state(state.clone());
+    let guard = state.auth.clone();
+    let mut router = Router::new();
     if state.driver.is_some() {
         router = router.route("/status", get(status));
     }
@@ -57,7 +67,12 @@ pub fn router(state: AdminState) -> Router {
     if let Some(declared) = declared {
         router = router.merge(crate::routing::api::router(declared, shutdown));
     }
-    router
+    // Every report, present and future, sits behind the guard: only the
+    // three routes above are open.
+    open.merge(router.route_layer(axum::middleware::from_fn_with_state(
+        guard,
+        auth::require_caller,
+    )))
 }
 
 /// Alive as long as the process answers.

@@ -54,6 +54,12 @@ struct StatusArgs {
     /// Print the raw JSON of `/status` instead of a table.
     #[arg(long)]
     json: bool,
+    /// A Kubernetes ServiceAccount token to present (`Authorization:
+    /// Bearer`) when the admin port wants an authenticated caller
+    /// (admin.auth); a missing file sends none. In a hoist pod:
+    /// `kubectl exec deploy/hoist -- hoist status`.
+    #[arg(long, value_name = "FILE", default_value = hoist::config::DEFAULT_TOKEN_FILE)]
+    token_file: PathBuf,
 }
 
 #[derive(Args)]
@@ -213,10 +219,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Status(args) => {
             let url = format!("{}/status", args.admin.trim_end_matches('/'));
-            let response = reqwest::get(&url)
+            let token = hoist::admin::auth::TokenFile::new(args.token_file);
+            let response = token
+                .authorize(reqwest::Client::new().get(&url))
+                .send()
                 .await
-                .with_context(|| format!("cannot reach {url}"))?
-                .error_for_status()?;
+                .with_context(|| format!("cannot reach {url}"))?;
+            if !response.status().is_success() {
+                // The admin port says why (e.g. which credential it wants).
+                let code = response.status();
+                let why = response.text().await.unwrap_or_default();
+                bail!("{url} answered {code}: {}", why.trim());
+            }
             if args.json {
                 println!("{}", response.text().await?);
             } else {

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::admin::auth::TokenFile;
 use crate::admin::{self, AdminState};
 use crate::auth_profiles::AuthProfiles;
 use crate::callers::CallerPolicy;
@@ -172,7 +173,8 @@ impl Server {
                         settings.interceptor.read_timeout,
                         tls.as_ref(),
                     )
-                    .map_err(ServerError::FleetClient)?,
+                    .map_err(ServerError::FleetClient)?
+                    .with_token(TokenFile::new(&settings.admin.auth.token_file)),
                 );
                 tokio::spawn(fleet.clone().watch_cold_starts(cancel.clone()));
                 Some(Traffic::Remote(fleet))
@@ -305,6 +307,7 @@ impl Server {
             shutdown: stop.clone(),
             ready,
             reload,
+            auth: Arc::new(admin::auth::Guard::from_settings(&settings).await?),
         });
         // The admin port answers until the end: `/readyz` says 503 while
         // the rest shuts down, instead of refusing connections.
@@ -395,6 +398,7 @@ async fn run_interceptor(
             tokio::spawn(crate::interceptor::follow::follow(
                 format!("{scheme}://{scaler}"),
                 client,
+                TokenFile::new(&settings.admin.auth.token_file),
                 interceptor.control(),
                 crate::routing::RouteRules {
                     interceptor: settings.interceptor.clone(),
@@ -427,6 +431,7 @@ async fn run_interceptor(
         shutdown: stop.clone(),
         ready,
         reload,
+        auth: Arc::new(admin::auth::Guard::from_settings(&settings).await?),
     });
     let admin_stop = CancellationToken::new();
     let admin_task = serve_admin(&settings, admin, admin_router, &admin_stop)?;
@@ -460,17 +465,21 @@ fn serve_admin(
     stop: &CancellationToken,
 ) -> Result<tokio::task::JoinHandle<Result<(), ServerError>>, ServerError> {
     let signal = stop.clone().cancelled_owned();
+    // The connection's TLS handshake tells the admin guard whether the
+    // caller presented a client certificate.
+    let service = router.into_make_service_with_connect_info::<admin::auth::Peer>();
     Ok(match &settings.admin.tls {
         None => tokio::spawn(async move {
-            axum::serve(admin, router)
+            axum::serve(admin, service)
                 .with_graceful_shutdown(signal)
                 .await
                 .map_err(ServerError::Admin)
         }),
         Some(tls) => {
-            let listener = TlsListener::new(admin, tls::acceptor(tls, stop.clone())?, stop.clone());
+            let acceptor = tls::admin_acceptor(tls, stop.clone())?;
+            let listener = TlsListener::new(admin, acceptor, stop.clone());
             tokio::spawn(async move {
-                axum::serve(listener, router)
+                axum::serve(listener, service)
                     .with_graceful_shutdown(signal)
                     .await
                     .map_err(ServerError::Admin)

@@ -154,10 +154,30 @@ fn ring() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Builds the acceptor and starts watching the files.
+/// Builds the acceptor and starts watching the files. With a client CA,
+/// a client certificate is required to finish the handshake.
 pub fn acceptor(
     settings: &TlsSettings,
     cancel: CancellationToken,
+) -> Result<TlsAcceptor, TlsError> {
+    build_acceptor(settings, cancel, true)
+}
+
+/// The admin port's acceptor: with a client CA, a certificate that does
+/// not chain to it still ends the handshake, but one may be left out, so
+/// kubelet's probes and Prometheus reach the open endpoints; the admin
+/// port then asks the reports' callers for a certificate or a token.
+pub fn admin_acceptor(
+    settings: &TlsSettings,
+    cancel: CancellationToken,
+) -> Result<TlsAcceptor, TlsError> {
+    build_acceptor(settings, cancel, false)
+}
+
+fn build_acceptor(
+    settings: &TlsSettings,
+    cancel: CancellationToken,
+    require_client_certificate: bool,
 ) -> Result<TlsAcceptor, TlsError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let files = KeyFiles {
@@ -171,13 +191,15 @@ pub fn acceptor(
     let builder = match &settings.client_ca_file {
         None => builder.with_no_client_auth(),
         Some(path) => {
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(path)?), ring())
-                    .build()
-                    .map_err(|e| TlsError::Ca {
-                        path: path.display().to_string(),
-                        reason: e.to_string(),
-                    })?;
+            let mut verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(path)?), ring());
+            if !require_client_certificate {
+                verifier = verifier.allow_unauthenticated();
+            }
+            let verifier = verifier.build().map_err(|e| TlsError::Ca {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
             builder.with_client_cert_verifier(verifier)
         }
     };

@@ -80,13 +80,27 @@ fn kubernetes_manifests_agree_with_each_other_and_with_hoist() {
 }
 
 #[test]
-fn hoists_service_account_may_read_what_engine_mode_reads() {
+fn service_accounts_may_read_what_engine_mode_and_admin_auth_read() {
     let docs = documents("deploy/kubernetes");
     let bound = bound_service_accounts("deploy/kubernetes", &docs);
     assert_eq!(
         bound,
-        std::collections::BTreeSet::from([("keda".to_string(), "hoist".to_string())]),
-        "hoist's ServiceAccount, not the interceptor's"
+        std::collections::BTreeSet::from([
+            ("keda".to_string(), "hoist".to_string()),
+            ("keda".to_string(), "hoist-interceptor".to_string()),
+        ]),
+    );
+    // The interceptor's admin port checks tokens, and may do nothing else.
+    let interceptor: Vec<serde_json::Value> =
+        list(&named(&docs, "ClusterRole", "hoist-interceptor")["rules"])
+            .iter()
+            .map(json)
+            .collect();
+    assert_eq!(
+        interceptor,
+        [
+            serde_json::json!({"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]})
+        ]
     );
     let rules: Vec<serde_json::Value> = list(&named(&docs, "ClusterRole", "hoist")["rules"])
         .iter()
@@ -98,6 +112,7 @@ fn hoists_service_account_may_read_what_engine_mode_reads() {
             serde_json::json!({"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "list", "watch"]}),
             serde_json::json!({"apiGroups": ["*"], "resources": ["*/scale"], "verbs": ["get"]}),
             serde_json::json!({"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}),
+            serde_json::json!({"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}),
         ]
     );
 }

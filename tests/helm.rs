@@ -754,6 +754,11 @@ fn bad_values_fail_the_render_with_a_reason() {
             "tls:\n  admin:\n    secretName: admin-tls\n    clientCA: { secretName: clients }\ninterceptor:\n  mode: split\n",
             "tls.admin.clientCA with interceptor.mode split",
         ),
+        // A gRPC rule with no namespace would let every namespace in.
+        (
+            "networkPolicy:\n  grpc:\n    from: []\n",
+            "networkPolicy.grpc.from",
+        ),
     ];
     for (i, (values, reason)) in cases.into_iter().enumerate() {
         let file = dir.path().join(format!("bad-{i}.yaml"));
@@ -784,7 +789,208 @@ fn bad_values_fail_the_render_with_a_reason() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(!String::from_utf8_lossy(&output.stdout).contains("interceptor"));
+    // No interceptor object (hoist's config still lists the interceptors'
+    // ServiceAccount among the admin port's callers: adminAuth).
+    let docs = parse("mode off", &String::from_utf8_lossy(&output.stdout));
+    assert!(!docs.iter().any(|doc| name(doc).contains("interceptor")));
+}
+
+/// `helm template hoist` in `keda` with these values (YAML text).
+fn render_with(values: &str) -> Vec<Yaml> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, values).unwrap();
+    render("hoist", "keda", &[file.to_str().unwrap()])
+}
+
+/// The `from` of the policy's rule for `port`: None when the rule lets
+/// every pod in, panics when no rule names the port.
+fn allowed_from(policy: &Yaml, port: &str) -> Option<Vec<serde_json::Value>> {
+    let rule = list(&policy["spec"]["ingress"])
+        .iter()
+        .find(|rule| {
+            list(&rule["ports"])
+                .iter()
+                .any(|p| p["port"].as_str() == Some(port))
+        })
+        .unwrap_or_else(|| panic!("{}: no rule for {port}", name(policy)));
+    rule["from"]
+        .as_vec()
+        .map(|from| from.iter().map(json).collect())
+}
+
+fn names_port(policy: &Yaml, port: &str) -> bool {
+    list(&policy["spec"]["ingress"])
+        .iter()
+        .flat_map(|rule| list(&rule["ports"]))
+        .any(|p| p["port"].as_str() == Some(port))
+}
+
+#[test]
+fn network_policies_let_in_keda_the_interceptors_and_monitoring_by_default() {
+    let keda = serde_json::json!({
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}},
+        "podSelector": {"matchLabels": {"app": "keda-operator"}},
+    });
+    let monitoring = serde_json::json!({
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    });
+    let chart = render("hoist", "keda", &[]);
+    let policies = kind(&chart, "NetworkPolicy");
+    assert_eq!(policies.len(), 1, "hoist's only, no interceptors");
+    let scaler = named(&chart, "NetworkPolicy", "hoist");
+    assert_eq!(allowed_from(scaler, "grpc"), Some(vec![keda.clone()]));
+    assert_eq!(
+        allowed_from(scaler, "admin"),
+        Some(vec![monitoring.clone()])
+    );
+    // The shipped manifests: the same gRPC rule; the admin port from the
+    // split interceptors of interceptor.yaml too.
+    let plain = documents("deploy/kubernetes");
+    let shipped = named(&plain, "NetworkPolicy", "hoist");
+    assert_eq!(allowed_from(shipped, "grpc"), Some(vec![keda.clone()]));
+    assert_eq!(
+        allowed_from(shipped, "admin").unwrap().last(),
+        Some(&monitoring)
+    );
+
+    // Split: each side's admin port takes the other side's pods; the
+    // proxies take anyone.
+    let (file, _) = values_file("split-tls-auth-values.yaml");
+    let split = render("hoist", "keda", &[&file]);
+    check_consistency(&file, &split);
+    let pods_of = |deployment: &str| serde_json::json!({"podSelector": {"matchLabels": json(&named(&split, "Deployment", deployment)["spec"]["selector"]["matchLabels"])}});
+    let scaler = named(&split, "NetworkPolicy", "hoist");
+    assert_eq!(
+        allowed_from(scaler, "admin"),
+        Some(vec![pods_of("hoist-interceptor"), monitoring.clone()])
+    );
+    let interceptor = named(&split, "NetworkPolicy", "hoist-interceptor");
+    assert_eq!(
+        allowed_from(interceptor, "admin"),
+        Some(vec![pods_of("hoist"), monitoring.clone()])
+    );
+    let proxies = container_ports(container(named(&split, "Deployment", "hoist-interceptor")));
+    for port in proxies.keys().filter(|p| *p != "admin") {
+        assert_eq!(allowed_from(interceptor, port), None, "{port} is open");
+    }
+    assert!(!names_port(interceptor, "grpc"));
+
+    // In process: hoist's own pods run the proxies, open to anyone.
+    let (file, _) = values_file("in-process-values.yaml");
+    let edge = render("edge", "apps", &[&file]);
+    let policy = named(&edge, "NetworkPolicy", "edge-hoist");
+    assert_eq!(allowed_from(policy, "http"), None);
+    assert_eq!(allowed_from(policy, "tcp-1883"), None);
+    assert_eq!(allowed_from(policy, "grpc"), Some(vec![keda]));
+}
+
+#[test]
+fn network_policies_follow_their_values_and_go_when_turned_off() {
+    let off = render_with("networkPolicy:\n  enabled: false\ninterceptor:\n  mode: split\n");
+    assert!(kind(&off, "NetworkPolicy").is_empty());
+
+    let open = render_with(
+        "networkPolicy:\n  grpc:\n    restrict: false\n  admin:\n    restrict: false\ninterceptor:\n  mode: split\n",
+    );
+    check_consistency("restrict: false", &open);
+    let scaler = named(&open, "NetworkPolicy", "hoist");
+    assert_eq!(allowed_from(scaler, "grpc"), None, "gRPC open to every pod");
+    assert_eq!(allowed_from(scaler, "admin"), None);
+    assert_eq!(
+        allowed_from(named(&open, "NetworkPolicy", "hoist-interceptor"), "admin"),
+        None
+    );
+
+    let custom = render_with(
+        "networkPolicy:\n  grpc:\n    from:\n      - namespaceSelector: { matchLabels: { team: platform } }\n        podSelector: { matchLabels: { app.kubernetes.io/name: keda-operator } }\n  admin:\n    from:\n      - namespaceSelector: { matchLabels: { kubernetes.io/metadata.name: observability } }\n        podSelector: { matchLabels: { app: prometheus } }\n",
+    );
+    check_consistency("custom peers", &custom);
+    let scaler = named(&custom, "NetworkPolicy", "hoist");
+    assert_eq!(
+        allowed_from(scaler, "grpc"),
+        Some(vec![serde_json::json!({
+            "namespaceSelector": {"matchLabels": {"team": "platform"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "keda-operator"}},
+        })]),
+        "a list given replaces the default whole"
+    );
+    assert_eq!(
+        allowed_from(scaler, "admin"),
+        Some(vec![serde_json::json!({
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+            "podSelector": {"matchLabels": {"app": "prometheus"}},
+        })])
+    );
+
+    // Nobody to let in on the admin port: no rule, so the port is closed
+    // (an empty `from` would open it to everyone).
+    let closed = render_with("networkPolicy:\n  admin:\n    from: []\n");
+    check_consistency("no monitoring", &closed);
+    assert!(!names_port(
+        named(&closed, "NetworkPolicy", "hoist"),
+        "admin"
+    ));
+}
+
+#[test]
+fn admin_auth_is_on_by_default_and_off_leaves_no_tokens_or_rbac_for_it() {
+    let chart = render("hoist", "keda", &[]);
+    let settings = deployment_settings(&chart, named(&chart, "Deployment", "hoist"));
+    let auth = &settings.admin.auth;
+    assert_eq!(auth.require, hoist::config::Require::Always);
+    assert_eq!(
+        auth.allowed_callers,
+        [
+            "system:serviceaccount:keda:hoist",
+            "system:serviceaccount:keda:hoist-interceptor"
+        ]
+    );
+    assert_eq!(auth.audiences, ["hoist"]);
+
+    // Split: the interceptors check the scaler's token, with a role for it.
+    let split = render_with(
+        "interceptor:\n  mode: split\nadminAuth:\n  allowedCallers: [\"system:serviceaccount:monitoring:*\"]\n",
+    );
+    check_consistency("split, adminAuth", &split);
+    let interceptor = named(&split, "Deployment", "hoist-interceptor");
+    let settings = deployment_settings(&split, interceptor);
+    assert!(
+        settings
+            .admin
+            .auth
+            .allowed_callers
+            .contains(&"system:serviceaccount:monitoring:*".to_string())
+    );
+    assert!(
+        bound_service_accounts("split", &split)
+            .contains(&("keda".to_string(), "hoist-interceptor".to_string()))
+    );
+
+    let off = render_with("interceptor:\n  mode: split\nadminAuth:\n  enabled: false\n");
+    check_consistency("adminAuth off", &off);
+    for deployment in kind(&off, "Deployment") {
+        let settings = deployment_settings(&off, deployment);
+        assert_eq!(
+            settings.admin.auth,
+            Default::default(),
+            "{}",
+            name(deployment)
+        );
+        assert!(
+            !list(&pod_spec(deployment)["volumes"])
+                .iter()
+                .any(|v| v["name"].as_str() == Some("admin-token"))
+        );
+    }
+    assert_eq!(
+        pod_spec(named(&off, "Deployment", "hoist-interceptor"))["automountServiceAccountToken"]
+            .as_bool(),
+        Some(false)
+    );
+    assert!(try_named(&off, "ClusterRole", "hoist-interceptor").is_none());
+    let rules = json(&named(&off, "ClusterRole", "hoist")["rules"]).to_string();
+    assert!(!rules.contains("tokenreviews"), "{rules}");
 }
 
 /// `kubernetes.triggerAuthentication`: off by default (hoist reads no

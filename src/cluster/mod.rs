@@ -6,6 +6,7 @@
 //! the engine must too.
 
 mod object;
+mod token_review;
 mod trigger_auth;
 
 use std::collections::HashMap;
@@ -24,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use object::{ScaleTarget, ScaledObjectView};
+pub use token_review::{Review, ReviewError, TokenReviewer};
 pub use trigger_auth::{AuthenticationKind, AuthenticationRef, ResolvedAuth, TriggerAuthError};
 
 use crate::config::{KubernetesAccess, KubernetesSettings};

@@ -17,6 +17,9 @@ mod auth;
 
 pub use auth::{ANY_NAMESPACE, AuthProfile, AuthValue};
 
+mod admin_auth;
+
+pub use admin_auth::{AdminAuthSettings, CallerPattern, DEFAULT_TOKEN_FILE, Require};
 pub use tls::{ClientTlsInvalid, ClientTlsSettings, TlsSettings};
 
 /// The longest polling interval hoist accepts, in seconds: one day (a
@@ -794,6 +797,9 @@ pub struct ShutdownSettings {
 pub struct AdminSettings {
     pub listen: SocketAddr,
     pub tls: Option<TlsSettings>,
+    /// Who may read the reports (everything but `/healthz`, `/readyz`,
+    /// `/metrics`), and this hoist's own credential for other admin ports.
+    pub auth: AdminAuthSettings,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -890,6 +896,7 @@ impl Default for AdminSettings {
         Self {
             listen: SocketAddr::from(([0, 0, 0, 0], 9091)),
             tls: None,
+            auth: AdminAuthSettings::default(),
         }
     }
 }
@@ -1066,6 +1073,12 @@ impl Settings {
             });
         }
         self.check_listener_collisions()?;
+        if let Some((key, reason)) = self.admin.auth.problem() {
+            return Err(ConfigError::Invalid {
+                key: key.to_string(),
+                reason,
+            });
+        }
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return Err(ConfigError::Invalid {
                 key: "log.level".to_string(),

@@ -18,6 +18,7 @@ use super::Protocol;
 use super::counters::Load;
 use super::report::{HoldsReport, MAX_WAIT, RoutesReport};
 use super::traffic::RouteSelector;
+use crate::admin::auth::TokenFile;
 use crate::scalers::ObserveError;
 use crate::tls::{self, ClientTls};
 
@@ -40,6 +41,8 @@ pub struct Fleet {
     /// triggers must not queue up N full timeouts one after another.
     last_sweep: tokio::sync::Mutex<Option<(Instant, SweepResult)>>,
     wakers: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// This hoist's credential for the interceptors' admin ports.
+    token: Option<TokenFile>,
 }
 
 type SweepResult = Result<Arc<Sweep>, ObserveError>;
@@ -77,7 +80,23 @@ impl Fleet {
             watch_client,
             last_sweep: tokio::sync::Mutex::new(None),
             wakers: Mutex::new(HashMap::new()),
+            token: None,
         })
+    }
+
+    /// Sends the token in `file` (read at every request) to the replicas'
+    /// admin ports, which may ask for one (`admin.auth`).
+    pub fn with_token(mut self, file: TokenFile) -> Self {
+        self.token = Some(file);
+        self
+    }
+
+    fn get(&self, client: &reqwest::Client, url: &str) -> reqwest::RequestBuilder {
+        let request = client.get(url);
+        match &self.token {
+            Some(token) => token.authorize(request),
+            None => request,
+        }
     }
 
     /// The route's load summed over every replica that answered. Fails
@@ -199,8 +218,10 @@ impl Fleet {
 
     async fn read(&self, address: SocketAddr) -> Result<RoutesReport, String> {
         let response = self
-            .client
-            .get(format!("{}://{address}/interceptor/routes", self.scheme))
+            .get(
+                &self.client,
+                &format!("{}://{address}/interceptor/routes", self.scheme),
+            )
             .send()
             .await
             .map_err(|error| describe(&error))?;
@@ -285,7 +306,7 @@ impl Fleet {
             }
             let answer = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                answer = self.watch_client.get(&url).send() => answer,
+                answer = self.get(&self.watch_client, &url).send() => answer,
             };
             let report: HoldsReport = match answer {
                 Ok(response) if response.status().is_success() => match response.json().await {

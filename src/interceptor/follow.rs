@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::table::RouteControl;
+use crate::admin::auth::TokenFile;
 use crate::logging::Summary;
 use crate::routing::api::{MAX_WAIT, PATH};
 use crate::routing::{RouteRules, RouteSpec, RouteTable};
@@ -45,10 +46,12 @@ pub struct Following {
 }
 
 /// Follows `{base}/routes/table` (`base`: `http://scaler:9091`, or https)
-/// until `shutdown`.
+/// until `shutdown`, presenting `token` (this pod's ServiceAccount token,
+/// read again for every request so kubelet's rotation applies).
 pub async fn follow(
     base: String,
     client: reqwest::Client,
+    token: TokenFile,
     control: RouteControl,
     rules: RouteRules,
     status: watch::Sender<Following>,
@@ -70,7 +73,7 @@ pub async fn follow(
         }
         let answer = tokio::select! {
             _ = shutdown.cancelled() => return,
-            answer = read(&client, &url) => answer,
+            answer = read(token.authorize(client.get(&url))) => answer,
         };
         match answer {
             Ok(table) => {
@@ -173,9 +176,8 @@ fn in_table(spec: &RouteSpec, routes: &[RouteSpec]) -> bool {
     })
 }
 
-async fn read(client: &reqwest::Client, url: &str) -> Result<RouteTable, String> {
-    let response = client
-        .get(url)
+async fn read(request: reqwest::RequestBuilder) -> Result<RouteTable, String> {
+    let response = request
         .send()
         .await
         .map_err(|error| super::fleet::describe(&error))?;

@@ -10,6 +10,13 @@
 //! state claim comes with the Recreate strategy; a budget leaves at least
 //! one pod standing. RBAC: a pod mounts its token exactly when a binding
 //! gives its ServiceAccount a role that the manifests define.
+//! NetworkPolicies: each selects the pods of exactly one Deployment and
+//! names only ports those pods have; a peer in its own namespace selects
+//! exactly one Deployment; the gRPC port is never open to every pod
+//! unless the policy says so, and every `from` lists somebody. Admin
+//! auth: a config that checks tokens is in a pod whose ServiceAccount may
+//! create TokenReviews, and presents a token file from a projected
+//! ServiceAccount token for one of its audiences.
 
 #![allow(dead_code)] // tests/deploy.rs and tests/helm.rs use different parts
 
@@ -482,6 +489,50 @@ pub fn check_consistency(source: &str, docs: &[Yaml]) {
         );
     }
 
+    for deployment in &deployments {
+        check_admin_auth(source, docs, deployment);
+    }
+    for policy in kind(docs, "NetworkPolicy") {
+        let what = format!("NetworkPolicy {}", name(policy));
+        let spec = &policy["spec"];
+        assert_eq!(
+            strings(&spec["policyTypes"]),
+            ["Ingress"],
+            "{source}: {what}"
+        );
+        let target = selected(&what, &labels(&spec["podSelector"]["matchLabels"]));
+        let ports = container_ports(container(target));
+        let rules = list(&spec["ingress"]);
+        assert!(!rules.is_empty(), "{source}: {what}: no rule");
+        for rule in rules {
+            for port in list(&rule["ports"]) {
+                let port = port["port"].as_str().expect("ports by name");
+                assert!(
+                    ports.contains_key(port),
+                    "{source}: {what}: port {port} is not a port of {}",
+                    name(target)
+                );
+            }
+            if let Some(from) = rule["from"].as_vec() {
+                assert!(
+                    !from.is_empty(),
+                    "{source}: {what}: an empty `from` lets everyone in"
+                );
+                for peer in from {
+                    let pods = labels(&peer["podSelector"]["matchLabels"]);
+                    if peer["namespaceSelector"].is_badvalue() {
+                        selected(&format!("{what}: a peer"), &pods);
+                    } else {
+                        assert!(
+                            !labels(&peer["namespaceSelector"]["matchLabels"]).is_empty(),
+                            "{source}: {what}: a peer in every namespace"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     for service in kind(docs, "Service") {
         let what = format!("Service {}", name(service));
         let target = selected(&what, &labels(&service["spec"]["selector"]));
@@ -508,4 +559,61 @@ pub fn check_consistency(source: &str, docs: &[Yaml]) {
             "{source}: {what} lets all {replicas} pods go: it protects nothing"
         );
     }
+}
+
+/// A deployment whose admin port checks tokens (`admin.auth.allowed_callers`)
+/// may create TokenReviews, and one whose config names a token file
+/// presents a projected ServiceAccount token for one of the audiences
+/// the admin ports check.
+fn check_admin_auth(source: &str, docs: &[Yaml], deployment: &Yaml) {
+    let what = format!("{source}: Deployment {}", name(deployment));
+    let settings = deployment_settings(docs, deployment);
+    let auth = &settings.admin.auth;
+    if auth.allowed_callers.is_empty() {
+        return;
+    }
+    let pod = pod_spec(deployment);
+    assert_eq!(
+        pod["automountServiceAccountToken"].as_bool(),
+        Some(true),
+        "{what}: TokenReview needs the pod's own token"
+    );
+    let account = pod["serviceAccountName"].as_str().unwrap();
+    let may_review = kind(docs, "ClusterRoleBinding").iter().any(|binding| {
+        let bound = list(&binding["subjects"])
+            .iter()
+            .any(|subject| subject["name"].as_str() == Some(account));
+        let role = named(
+            docs,
+            "ClusterRole",
+            binding["roleRef"]["name"].as_str().unwrap(),
+        );
+        bound
+            && list(&role["rules"]).iter().any(|rule| {
+                strings(&rule["apiGroups"]) == ["authentication.k8s.io"]
+                    && strings(&rule["resources"]).contains(&"tokenreviews")
+                    && strings(&rule["verbs"]).contains(&"create")
+            })
+    });
+    assert!(may_review, "{what}: {account} may not create TokenReviews");
+    let (volume, path) = volume_holding(deployment, auth.token_file.to_str().unwrap());
+    let token = list(&volume["projected"]["sources"])
+        .iter()
+        .map(|source| &source["serviceAccountToken"])
+        .find(|token| token["path"].as_str() == Some(path.as_str()))
+        .unwrap_or_else(|| panic!("{what}: admin.auth.token_file is no projected token"));
+    let audience = token["audience"].as_str().unwrap().to_string();
+    assert!(
+        auth.audiences.contains(&audience),
+        "{what}: its token is for {audience}, its admin port takes {:?}",
+        auth.audiences
+    );
+    let user = format!(
+        "system:serviceaccount:{}:{account}",
+        deployment["metadata"]["namespace"].as_str().unwrap()
+    );
+    assert!(
+        auth.allowed_callers.contains(&user),
+        "{what}: its own {user} (`hoist status` in the pod) is not allowed"
+    );
 }

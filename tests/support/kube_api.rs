@@ -6,7 +6,8 @@
 //! (`keda.sh/v1alpha1`) and Secrets (`v1`, `data` base64-encoded), the
 //! `/scale` subresource (`autoscaling/v1` Scale)
 //! of Deployments, StatefulSets and a custom resource, API discovery for
-//! that resource, and `events.k8s.io/v1` Events. Failures are switched on
+//! that resource, `events.k8s.io/v1` Events, and `authentication.k8s.io/v1`
+//! TokenReviews of a table of valid tokens. Failures are switched on
 //! per test: the API down (503), RBAC refusals (403).
 
 #![allow(dead_code)]
@@ -73,6 +74,9 @@ struct ApiState {
     events: Vec<Value>,
     scale_reads: u64,
     down: bool,
+    /// TokenReview: valid tokens → (user, audiences they were issued for).
+    tokens: BTreeMap<String, (String, Vec<String>)>,
+    token_reviews: u64,
     forbid_scale: bool,
     /// Plurals whose list and watch answer 403.
     forbidden: BTreeSet<String>,
@@ -324,6 +328,24 @@ impl FakeApi {
         self.lock().events.clone()
     }
 
+    /// A token TokenReview accepts as `user`'s, issued for `audiences`
+    /// (empty: the API server's own, as the default mounted token).
+    pub fn add_token(&self, token: &str, user: &str, audiences: &[&str]) {
+        let audiences = if audiences.is_empty() {
+            vec![API_AUDIENCE.to_string()]
+        } else {
+            audiences.iter().map(|a| a.to_string()).collect()
+        };
+        self.lock()
+            .tokens
+            .insert(token.to_string(), (user.to_string(), audiences));
+    }
+
+    /// TokenReviews asked for so far.
+    pub fn token_reviews(&self) -> u64 {
+        self.lock().token_reviews
+    }
+
     pub fn scale_reads(&self) -> u64 {
         self.lock().scale_reads
     }
@@ -335,6 +357,56 @@ fn collection(plural: &str) -> (&'static [&'static str], &'static str, &'static 
         .into_iter()
         .find(|(segments, ..)| segments[segments.len() - 1] == plural)
         .unwrap_or_else(|| panic!("the fake API serves no `{plural}`"))
+}
+
+/// The audience of tokens issued without one (the API server's own).
+const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// `authentication.k8s.io/v1` TokenReview, as the API server answers it:
+/// `201 Created` with the request echoed and a `status`; an unknown token
+/// or one for none of `spec.audiences` is `authenticated` false (left out)
+/// with an `error`.
+fn token_review(state: &mut ApiState, body: &Bytes) -> Response {
+    state.token_reviews += 1;
+    let Ok(mut review) = serde_json::from_slice::<Value>(body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "not a TokenReview");
+    };
+    let token = review["spec"]["token"].as_str().unwrap_or("");
+    let wanted: Vec<String> = match review["spec"]["audiences"].as_array() {
+        Some(list) if !list.is_empty() => list
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect(),
+        _ => vec![API_AUDIENCE.to_string()],
+    };
+    let answer = match state.tokens.get(token) {
+        Some((user, issued)) => {
+            let common: Vec<&String> = wanted.iter().filter(|a| issued.contains(a)).collect();
+            if common.is_empty() {
+                json!({"user": {}, "error": "[invalid bearer token, token audiences are invalid]"})
+            } else {
+                let (namespace, name) = user
+                    .strip_prefix("system:serviceaccount:")
+                    .and_then(|rest| rest.split_once(':'))
+                    .unwrap_or(("", ""));
+                json!({
+                    "authenticated": true,
+                    "user": {
+                        "username": user,
+                        "uid": format!("uid-{namespace}-{name}"),
+                        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+                    },
+                    "audiences": common,
+                })
+            }
+        }
+        None => {
+            json!({"user": {}, "error": "[invalid bearer token, square/go-jose: error in cryptographic primitive]"})
+        }
+    };
+    review["status"] = answer;
+    review["metadata"] = json!({"creationTimestamp": null});
+    (StatusCode::CREATED, axum::Json(review)).into_response()
 }
 
 fn status(code: StatusCode, reason: &str, message: &str) -> Response {
@@ -501,6 +573,9 @@ fn handle(
                 "resources": resources,
             }))
             .into_response()
+        }
+        (Method::POST, ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
+            token_review(&mut guard, &body)
         }
         (Method::POST, ["apis", "events.k8s.io", "v1", "namespaces", _, "events"])
         | (Method::PATCH, ["apis", "events.k8s.io", "v1", "namespaces", _, "events", _]) => {

@@ -231,6 +231,9 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 {{- $_ := set $target "tls" $files -}}
 {{- end -}}
 {{- end -}}
+{{- with include "hoist.adminAuth" . | fromJson -}}
+{{- $_ := set $admin "auth" . -}}
+{{- end -}}
 {{- $generated := dict "grpc" $grpc "admin" $admin "shutdown" (dict "drain_delay" .Values.drainDelay) -}}
 {{- if .Values.state.enabled -}}
 {{- $_ := set $generated "state_file" (printf "%s/state.json" .Values.state.mountPath) -}}
@@ -288,6 +291,9 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
       "cert_file" (printf "%s/tls.crt" $dir)
       "key_file" (printf "%s/tls.key" $dir)
       "client_ca_file" (printf "%s/ca.crt" $dir)) -}}
+{{- end -}}
+{{- with include "hoist.adminAuth" . | fromJson -}}
+{{- $_ := set $admin "auth" . -}}
 {{- end -}}
 {{- $proxy := include "hoist.proxySettings" . | fromJson -}}
 {{- /* Follows the routes ScaledObjects declare, from the scaler's admin port. */ -}}
@@ -391,4 +397,51 @@ it on `Address already in use`. Call with (list context "where" ports...).
 {{- $ports = append $ports (include "hoist.listenPort" .listen) -}}
 {{- end -}}
 {{- toJson $ports -}}
+{{- end }}
+
+{{/* The ServiceAccount the split interceptors run as. */}}
+{{- define "hoist.interceptorServiceAccountName" -}}
+{{- .Values.serviceAccount.create | ternary (include "hoist.interceptorName" .) (include "hoist.serviceAccountName" .) -}}
+{{- end }}
+
+{{/* Where a pod finds its projected token for hoist's admin ports. */}}
+{{- define "hoist.adminTokenDir" -}}
+/var/run/secrets/hoist-admin-token
+{{- end }}
+
+{{/*
+[admin.auth] of both processes (adminAuth), as a JSON dict; empty when
+adminAuth is off (hoist's default then: the reports want a client
+certificate, or answer nobody, on an address other than loopback).
+Callers: hoist's and the interceptors' ServiceAccounts, and
+adminAuth.allowedCallers; each pod presents its own projected token for
+adminAuth.audience (useless to anyone replaying it to the API server).
+*/}}
+{{- define "hoist.adminAuth" -}}
+{{- $auth := .Values.adminAuth -}}
+{{- if $auth.enabled -}}
+{{- $callers := list
+      (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "hoist.serviceAccountName" .))
+      (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "hoist.interceptorServiceAccountName" .)) -}}
+{{- $callers = concat $callers ($auth.allowedCallers | default list) | uniq -}}
+{{- toJson (dict
+      "require" "always"
+      "allowed_callers" $callers
+      "audiences" (list $auth.audience)
+      "cache_ttl" $auth.cacheTTL
+      "token_file" (printf "%s/token" (include "hoist.adminTokenDir" .))) -}}
+{{- else -}}
+{}
+{{- end -}}
+{{- end }}
+
+{{/* The projected token volume adminAuth mounts in both pods. */}}
+{{- define "hoist.adminTokenVolume" -}}
+- name: admin-token
+  projected:
+    sources:
+      - serviceAccountToken:
+          audience: {{ .Values.adminAuth.audience }}
+          expirationSeconds: {{ .Values.adminAuth.tokenExpirationSeconds }}
+          path: token
 {{- end }}
