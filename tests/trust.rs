@@ -91,6 +91,8 @@ async fn a_stranger_cannot_declare_or_move_another_teams_route() {
     // The route is the ScaledObject's: served before KEDA asks at all.
     served_by(&hoist, "shop.example", "shop").await;
     hoist.spec(&shop).await;
+    // One host, whatever its case or a fully qualified name's dot.
+    assert_eq!(through(&hoist, "SHOP.example.").await.1, "shop");
 
     // The same ScaledObject named, the upstream moved.
     let forged = route_call("shop", "web", "shop.example", attacker_app.addr);
@@ -351,4 +353,55 @@ async fn a_split_interceptor_checks_the_scalers_table_against_its_own_rules() {
         StatusCode::NOT_FOUND
     );
     assert_eq!(bad.requests(), 0);
+}
+
+#[tokio::test]
+async fn two_scalers_and_two_split_interceptors_serve_one_table() {
+    let (old_app, new_app) = (app("old").await, app("new").await);
+    let old = route_call("team-b", "old", "shared.example", old_app.addr);
+    let new = route_call("team-a", "new", "shared.example", new_app.addr);
+    let api = FakeApi::start().await;
+    api.put_scaled_object_created("team-a", "new", deployment(&[&new]), "2026-01-02T00:00:00Z");
+    api.put_scaled_object_created("team-b", "old", deployment(&[&old]), "2026-01-01T00:00:00Z");
+    let admins: Vec<SocketAddr> = (0..2)
+        .map(|_| {
+            format!("127.0.0.1:{}", support::free_port())
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    // Interceptor i follows scaler i; each scaler reads both.
+    let mut interceptors = Vec::new();
+    for admin in &admins {
+        let mut follower = in_process();
+        follower.interceptor.enabled = false;
+        follower.interceptor.scaler = Some(admin.to_string());
+        interceptors.push(Hoist::start_interceptor(follower).await);
+    }
+    let mut scalers = Vec::new();
+    for admin in &admins {
+        let mut scaler = in_cluster(&api);
+        scaler.interceptor.enabled = false;
+        scaler.admin.listen = *admin;
+        scaler.interceptor.endpoints = interceptors.iter().map(|i| i.admin.to_string()).collect();
+        scalers.push(Hoist::start_with(scaler).await);
+    }
+    // Nobody asked: every interceptor serves the oldest ScaledObject's route.
+    for interceptor in &interceptors {
+        served_by(interceptor, "shared.example", "old").await;
+    }
+    // KEDA's connection lands on one scaler; the answer is the same on both.
+    for scaler in &scalers {
+        let refused = scaler.spec_refused(&new).await;
+        assert!(
+            refused.message().contains("team-b/old"),
+            "{}",
+            refused.message()
+        );
+        scaler.spec(&old).await;
+    }
+    api.delete_scaled_object("team-b", "old");
+    for interceptor in &interceptors {
+        served_by(interceptor, "shared.example", "new").await;
+    }
 }

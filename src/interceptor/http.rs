@@ -90,7 +90,10 @@ impl HttpRoute {
         let client = builder.build(ColdStartConnector {
             upstream: upstream.clone(),
         });
-        let hosts: Vec<String> = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+        let hosts: Vec<String> = hosts
+            .iter()
+            .map(|h| crate::routing::spec::fold_host(h))
+            .collect();
         Self {
             name,
             authority: hosts
@@ -116,8 +119,10 @@ impl HttpRoute {
         self.response_timeout
     }
 
-    /// `host` as the client sent it: any case, no port.
+    /// `host` as the client sent it: any case, no port, perhaps the
+    /// trailing dot of a fully qualified name (one host with or without).
     fn matches(&self, host: &str, path: &str) -> bool {
+        let host = host.strip_suffix('.').unwrap_or(host);
         if !self.hosts.iter().any(|own| own.eq_ignore_ascii_case(host)) {
             return false;
         }
