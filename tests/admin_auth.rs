@@ -32,6 +32,9 @@ fn scaler(api: &FakeApi) -> Settings {
     settings.interceptor.enabled = true;
     settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
     settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
+    settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
+    // The tests' apps are on loopback.
+    settings.interceptor.denied_networks = Vec::new();
     // Loopback is all a test may listen on: ask for callers explicitly.
     settings.admin.auth.require = Require::Always;
     settings.admin.auth.allowed_callers = vec![INTERCEPTOR_SA.into()];
@@ -178,6 +181,10 @@ async fn split_interceptors_and_the_scaler_present_their_tokens() {
     settings.kubernetes.kubeconfig = Some(api.kubeconfig());
     settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
     settings.interceptor.scaler = Some(scaler_admin.to_string());
+    // The follower checks the table against its own rules.
+    settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
+    settings.interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
+    settings.interceptor.denied_networks = Vec::new();
     settings.admin.auth.token_file = token_file.clone();
     settings.admin.auth.require = Require::Always;
     settings.admin.auth.allowed_callers = vec![SCALER_SA.into()];
@@ -189,7 +196,6 @@ async fn split_interceptors_and_the_scaler_present_their_tokens() {
     settings.admin.auth.token_file = dir.path().join("scaler-token");
     std::fs::write(&settings.admin.auth.token_file, "scaler-token").unwrap();
     settings.interceptor.endpoints = vec![interceptor.admin.to_string()];
-    let scaler = Hoist::start_with(settings).await;
     let upstream = Upstream::start(echo).await;
     let shop = object(
         "shop",
@@ -199,6 +205,16 @@ async fn split_interceptors_and_the_scaler_present_their_tokens() {
             ("upstream", &upstream.addr.to_string()),
         ],
     );
+    // The scaler reads the cluster: the route is its ScaledObject's.
+    api.put_scaled_object(
+        "default",
+        "shop",
+        kube_api::with_triggers(
+            serde_json::json!({"scaleTargetRef": {"name": "shop"}}),
+            &[&shop],
+        ),
+    );
+    let scaler = Hoist::start_with(settings).await;
     scaler.spec(&shop).await;
 
     // The interceptor's file holds a tenant's token: refused, and said so.

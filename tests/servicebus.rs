@@ -126,7 +126,18 @@ fn queue(name: &str, connection: &str, extra: &[(&str, &str)]) -> ScaledObjectRe
         ("connectionFromEnv", connection),
     ];
     metadata.extend_from_slice(extra);
-    object(&format!("so-{name}"), &metadata)
+    // A Kubernetes name, whatever the queue name (a regex) holds.
+    let object_name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    object(&format!("so-{}", object_name.trim_matches('-')), &metadata)
 }
 
 #[tokio::test]
