@@ -27,6 +27,7 @@ pub mod server;
 pub mod simulate;
 pub mod status;
 pub mod tls;
+pub mod token_file;
 pub mod trigger;
 
 /// The generated ExternalScaler contract (`proto/externalscaler.proto`).

@@ -219,7 +219,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Status(args) => {
             let url = format!("{}/status", args.admin.trim_end_matches('/'));
-            let token = hoist::admin::auth::TokenFile::new(args.token_file);
+            let token = hoist::token_file::TokenFile::new(args.token_file);
             let response = token
                 .authorize(reqwest::Client::new().get(&url))
                 .send()

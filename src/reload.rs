@@ -217,7 +217,7 @@ impl Targets {
         };
         match &self.driver {
             Some(driver) => driver.reconfigure(
-                crate::server::driver_settings(settings, self.traffic.clone()),
+                crate::driver::DriverSettings::from_config(settings, self.traffic.clone()),
                 AuthProfiles::from_settings(settings),
                 routes,
             )?,

@@ -11,13 +11,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::admin::auth::TokenFile;
 use crate::admin::{self, AdminState};
 use crate::auth_profiles::AuthProfiles;
 use crate::callers::CallerPolicy;
 use crate::cluster::Cluster;
 use crate::config::Settings;
-use crate::driver::{Driver, DriverSettings, SourcePattern, TriggerValues};
+use crate::driver::{Driver, DriverSettings, TriggerValues};
 use crate::grpc::ScalerService;
 use crate::grpc::edge::EdgeLayer;
 use crate::interceptor::Interceptor;
@@ -29,7 +28,7 @@ use crate::persist;
 use crate::proto::external_scaler_server::ExternalScalerServer;
 use crate::reload::{ConfigSource, Reloader, Targets};
 use crate::tls::{self, TlsListener};
-use crate::trigger::Defaults;
+use crate::token_file::TokenFile;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -191,7 +190,7 @@ impl Server {
             tokio::spawn(interceptor.run(stop.clone()))
         });
         let driver = Driver::new(
-            driver_settings(&settings, traffic.clone()),
+            DriverSettings::from_config(&settings, traffic.clone()),
             AuthProfiles::from_settings(&settings),
             metrics.clone(),
             cancel.clone(),
@@ -500,38 +499,6 @@ fn watch_config(
     reloader.register(registry);
     reloader.watch(cancel.clone());
     reloader
-}
-
-/// The driver's part of the settings, at start and at every reload;
-/// `traffic` is where this process reads the interceptor (fixed at start).
-pub(crate) fn driver_settings(settings: &Settings, traffic: Option<Traffic>) -> DriverSettings {
-    DriverSettings {
-        defaults: Defaults {
-            polling_interval: settings.polling.default_interval,
-            timeout: settings.polling.default_timeout,
-        },
-        idle_after: settings.polling.idle_after,
-        max_metadata_bytes: settings.limits.max_metadata_bytes,
-        max_tracked_triggers: settings.limits.max_tracked_triggers,
-        max_tracked_metadata_bytes: settings.limits.max_tracked_metadata_bytes,
-        allowed_sources: settings
-            .limits
-            .allowed_sources
-            .iter()
-            .filter_map(|pattern| SourcePattern::new(pattern).ok())
-            .collect(),
-        routes: traffic.is_some().then(|| crate::routing::RouteRules {
-            interceptor: settings.interceptor.clone(),
-            config_routes: crate::interceptor::table::config_routes(&settings.interceptor),
-        }),
-        context: crate::scalers::Context {
-            traffic,
-            owner: None,
-            cluster_domain: settings.interceptor.cluster_domain.clone(),
-            authentication: None,
-        },
-        assume_applied: settings.engine.assume_applied,
-    }
 }
 
 /// The state file, when its directory exists or can be made: without

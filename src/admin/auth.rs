@@ -8,7 +8,6 @@
 //! for (TokenReview) whose user is in `admin.auth.allowed_callers`.
 //! No token and no review result is ever logged.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -250,34 +249,6 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// The token this hoist presents to another hoist's admin port
-/// (`admin.auth.token_file`), read at every request: kubelet rotates
-/// projected tokens in place.
-#[derive(Debug, Clone)]
-pub struct TokenFile(PathBuf);
-
-impl TokenFile {
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self(path.into())
-    }
-
-    /// The token, or none when the file is missing or empty (then no
-    /// header is sent: a loopback admin port needs none).
-    pub fn read(&self) -> Option<String> {
-        let text = std::fs::read_to_string(&self.0).ok()?;
-        let token = text.trim();
-        (!token.is_empty()).then(|| token.to_string())
-    }
-
-    /// `request` with the token, when there is one.
-    pub fn authorize(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match self.read() {
-            Some(token) => request.bearer_auth(token),
-            None => request,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,17 +265,5 @@ mod tests {
         assert_eq!(bearer(&headers), None);
         headers.insert(header::AUTHORIZATION, "Bearer ".parse().unwrap());
         assert_eq!(bearer(&headers), None);
-    }
-
-    #[test]
-    fn a_token_file_is_read_again_each_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("token");
-        let file = TokenFile::new(&path);
-        assert_eq!(file.read(), None, "missing: no token");
-        std::fs::write(&path, "first\n").unwrap();
-        assert_eq!(file.read().as_deref(), Some("first"));
-        std::fs::write(&path, "rotated").unwrap();
-        assert_eq!(file.read().as_deref(), Some("rotated"));
     }
 }

@@ -62,6 +62,42 @@ pub struct DriverSettings {
 }
 
 impl DriverSettings {
+    /// The driver's part of hoist's settings, at start and at every
+    /// reload; `traffic` is where this process reads the interceptor
+    /// (fixed at start).
+    pub fn from_config(
+        settings: &crate::config::Settings,
+        traffic: Option<crate::interceptor::traffic::Traffic>,
+    ) -> Self {
+        Self {
+            defaults: Defaults {
+                polling_interval: settings.polling.default_interval,
+                timeout: settings.polling.default_timeout,
+            },
+            idle_after: settings.polling.idle_after,
+            max_metadata_bytes: settings.limits.max_metadata_bytes,
+            max_tracked_triggers: settings.limits.max_tracked_triggers,
+            max_tracked_metadata_bytes: settings.limits.max_tracked_metadata_bytes,
+            allowed_sources: settings
+                .limits
+                .allowed_sources
+                .iter()
+                .filter_map(|pattern| SourcePattern::new(pattern).ok())
+                .collect(),
+            routes: traffic.is_some().then(|| crate::routing::RouteRules {
+                interceptor: settings.interceptor.clone(),
+                config_routes: crate::interceptor::table::config_routes(&settings.interceptor),
+            }),
+            context: crate::scalers::Context {
+                traffic,
+                owner: None,
+                cluster_domain: settings.interceptor.cluster_domain.clone(),
+                authentication: None,
+            },
+            assume_applied: settings.engine.assume_applied,
+        }
+    }
+
     /// No limits beyond the defaults' own; for tests and tools.
     pub fn unlimited(defaults: Defaults, idle_after: Duration) -> Self {
         Self {

@@ -17,10 +17,10 @@ use tracing::{debug, info, warn};
 use super::Protocol;
 use super::counters::Load;
 use super::report::{HoldsReport, MAX_WAIT, RoutesReport};
-use super::traffic::RouteSelector;
-use crate::admin::auth::TokenFile;
+use super::selector::RouteSelector;
 use crate::scalers::ObserveError;
 use crate::tls::{self, ClientTls};
+use crate::token_file::TokenFile;
 
 /// Reads taken this close together share one sweep of the replicas, so
 /// many ScaledObjects cost one request per replica.
@@ -224,11 +224,14 @@ impl Fleet {
             )
             .send()
             .await
-            .map_err(|error| describe(&error))?;
+            .map_err(|error| super::describe(&error))?;
         if !response.status().is_success() {
             return Err(format!("answered {}", response.status()));
         }
-        response.json().await.map_err(|error| describe(&error))
+        response
+            .json()
+            .await
+            .map_err(|error| super::describe(&error))
     }
 
     /// Ticks when a cold start begins for the route this key names
@@ -312,7 +315,7 @@ impl Fleet {
                 Ok(response) if response.status().is_success() => match response.json().await {
                     Ok(report) => report,
                     Err(error) => {
-                        debug!(%address, error = %describe(&error), "unreadable cold start report");
+                        debug!(%address, error = %super::describe(&error), "unreadable cold start report");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                         continue;
                     }
@@ -323,7 +326,7 @@ impl Fleet {
                     continue;
                 }
                 Err(error) => {
-                    debug!(%address, error = %describe(&error), "cold start watch failed");
+                    debug!(%address, error = %super::describe(&error), "cold start watch failed");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     continue;
                 }
@@ -358,16 +361,4 @@ impl Fleet {
             seen = Some(report);
         }
     }
-}
-
-/// A reqwest error with its causes, which its `Display` leaves out.
-pub(crate) fn describe(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -14,10 +14,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::table::RouteControl;
-use crate::admin::auth::TokenFile;
 use crate::logging::Summary;
 use crate::routing::api::{MAX_WAIT, PATH};
 use crate::routing::{RouteRules, RouteSpec, RouteTable};
+use crate::token_file::TokenFile;
 
 /// How long to wait before asking again after a failure.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -180,14 +180,14 @@ async fn read(request: reqwest::RequestBuilder) -> Result<RouteTable, String> {
     let response = request
         .send()
         .await
-        .map_err(|error| super::fleet::describe(&error))?;
+        .map_err(|error| super::describe(&error))?;
     if !response.status().is_success() {
         return Err(format!("the scaler answered {}", response.status()));
     }
     response
         .json()
         .await
-        .map_err(|error| super::fleet::describe(&error))
+        .map_err(|error| super::describe(&error))
 }
 
 #[cfg(test)]

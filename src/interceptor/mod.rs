@@ -18,6 +18,7 @@ mod http1_pool;
 pub mod report;
 mod request_path;
 pub mod route_metrics;
+mod selector;
 pub mod table;
 mod tcp;
 pub mod traffic;
@@ -273,4 +274,16 @@ fn instance_id() -> String {
         "{:016x}",
         std::collections::hash_map::RandomState::new().hash_one(seed)
     )
+}
+
+/// A reqwest error with its causes, which its `Display` leaves out.
+pub(crate) fn describe(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

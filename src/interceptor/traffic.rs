@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::counters::Load;
 use super::fleet::Fleet;
+pub use super::selector::RouteSelector;
 use super::{Protocol, RouteSet, Routes};
 use crate::scalers::ObserveError;
 
@@ -17,30 +18,6 @@ pub enum Traffic {
     Local(Arc<Routes>),
     /// Interceptors run as their own Deployment (`interceptor.endpoints`).
     Remote(Arc<Fleet>),
-}
-
-/// Which route a trigger measures.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RouteSelector {
-    Name(String),
-    /// The HTTP route serving this host (lower case).
-    Host(String),
-}
-
-impl RouteSelector {
-    pub fn selects(&self, name: &str, hosts: &[String]) -> bool {
-        match self {
-            RouteSelector::Name(wanted) => wanted == name,
-            RouteSelector::Host(wanted) => hosts.iter().any(|host| host == wanted),
-        }
-    }
-
-    fn wake_key(&self) -> String {
-        match self {
-            RouteSelector::Name(name) => format!("route:{name}"),
-            RouteSelector::Host(host) => format!("host:{host}"),
-        }
-    }
 }
 
 /// The local routes a selector picks.

@@ -186,7 +186,7 @@ impl Scaler {
         let control = interceptor.control();
         let traffic = Some(Traffic::Local(control.routes()));
         let driver = Driver::new(
-            crate::server::driver_settings(&settings, traffic.clone()),
+            crate::driver::DriverSettings::from_config(&settings, traffic.clone()),
             AuthProfiles::from_settings(&settings),
             Arc::new(Metrics::new()),
             CancellationToken::new(),

@@ -841,9 +841,11 @@ mod tests {
     }
 
     fn rules_with(edit: impl FnOnce(&mut InterceptorSettings)) -> RouteRules {
-        let mut interceptor = InterceptorSettings::default();
-        interceptor.allowed_hosts = [("*".to_string(), vec!["*".to_string()])].into();
-        interceptor.allowed_upstreams = vec!["*:*".to_string()];
+        let mut interceptor = InterceptorSettings {
+            allowed_hosts: [("*".to_string(), vec!["*".to_string()])].into(),
+            allowed_upstreams: vec!["*:*".to_string()],
+            ..Default::default()
+        };
         edit(&mut interceptor);
         RouteRules {
             interceptor,
