@@ -223,10 +223,13 @@ start_redis() { # port [extra args]
 }
 hoist_config() { # file grpc-port admin-port [extra TOML]
   # No state file: each run starts fresh, with nothing of an earlier one.
+  # Callers trusted: no cluster here, and the route benchmark declares
+  # routes from its own gRPC client (single-tenant, loopback only).
   cat >"$1" <<EOF
 state_file = ""
 [grpc]
 listen = "127.0.0.1:$2"
+trust_callers = true
 [admin]
 listen = "127.0.0.1:$3"
 $4
@@ -529,7 +532,11 @@ if wants engine; then
 fi
 
 # --- 7. Declared routes --------------------------------------------------------
-# The rules allow loopback upstreams (the app is hoist-load's own).
+# The rules allow loopback upstreams (the app is hoist-load's own) and any
+# host; followers check the table against the same rules.
+ROUTE_RULES='allowed_upstreams = ["127.0.0.1:*"]
+denied_networks = []
+allowed_hosts = { "*" = ["*"] }'
 ROUTE_SAMPLES="${BENCH_ROUTE_SAMPLES:-10}"
 if wants routes; then
   echo "== 7. Declared routes reaching the interceptors"
@@ -537,7 +544,7 @@ if wants routes; then
   hoist_config "$work/routes.toml" "$grpc_port" "$admin_port" "[interceptor]
 http_listen = \"127.0.0.1:$http_port\"
 enabled = true
-allowed_upstreams = [\"127.0.0.1:*\"]"
+$ROUTE_RULES"
   start "$work/routes-hoist.log" "${SERVER[@]}" "$HOIST" serve --config "$work/routes.toml"
   hoist_pid=$last_pid
   wait_port "$grpc_port"
@@ -550,7 +557,7 @@ allowed_upstreams = [\"127.0.0.1:*\"]"
   read -r grpc_port admin_port a_admin a_http b_admin b_http <<<"$(ports 6)"
   hoist_config "$work/routes-scaler.toml" "$grpc_port" "$admin_port" "[interceptor]
 endpoints = [\"127.0.0.1:$a_admin\", \"127.0.0.1:$b_admin\"]
-allowed_upstreams = [\"127.0.0.1:*\"]"
+$ROUTE_RULES"
   start "$work/routes-scaler.log" "${SERVER[@]}" "$HOIST" serve --config "$work/routes-scaler.toml"
   hoist_pid=$last_pid
   wait_port "$admin_port"
@@ -563,6 +570,7 @@ listen = "127.0.0.1:$replica_admin"
 [interceptor]
 http_listen = "127.0.0.1:$replica_http"
 scaler = "127.0.0.1:$admin_port"
+$ROUTE_RULES
 EOF
     start "$work/routes-interceptor-$name.log" "${SERVER[@]}" "$HOIST" interceptor --config "$work/routes-interceptor-$name.toml"
     follower_pids+=("$last_pid")

@@ -27,11 +27,12 @@ use crate::cluster::{AuthenticationRef, Cluster};
 #[derive(Debug, Clone, Default)]
 pub struct Caller {
     /// The caller is proven (by the cluster or mTLS) or trusted by the
-    /// operator, so it may declare routes.
-    pub may_declare_routes: bool,
-    /// The ScaledObject's `metadata.creationTimestamp`, when checked
-    /// against the cluster.
-    pub created: Option<String>,
+    /// operator, so hoist may lend it what it holds: routes, credentials.
+    pub proven: bool,
+    /// Checked against its ScaledObject in the cluster: every value but
+    /// those of `*FromEnv` keys (which KEDA reads from the scale target's
+    /// environment) is the ScaledObject's own.
+    pub checked_in_cluster: bool,
     /// The matching trigger's `authenticationRef`.
     pub authentication: Option<AuthenticationRef>,
 }
@@ -40,7 +41,7 @@ impl Caller {
     /// Proven by the channel, or trusted by the operator.
     pub fn trusted() -> Self {
         Self {
-            may_declare_routes: true,
+            proven: true,
             ..Self::default()
         }
     }
@@ -51,13 +52,10 @@ impl Caller {
     }
 
     /// Checked against its ScaledObject in the cluster.
-    pub fn from_cluster(
-        created: Option<String>,
-        authentication: Option<AuthenticationRef>,
-    ) -> Self {
+    pub fn from_cluster(authentication: Option<AuthenticationRef>) -> Self {
         Self {
-            may_declare_routes: true,
-            created,
+            proven: true,
+            checked_in_cluster: true,
             authentication,
         }
     }
@@ -75,7 +73,7 @@ pub enum CallerError {
         what: &'static str,
     },
     #[error(
-        "ScaledObject {namespace}/{name} is not in the cluster (not seen by hoist's ScaledObject watch within {waited:?}): hoist serves the triggers of existing ScaledObjects only"
+        "ScaledObject {namespace}/{name} is not in the cluster (no ScaledObject or ScaledJob of that name seen by hoist's watch within {waited:?}): hoist serves the triggers of existing ScaledObjects and ScaledJobs only"
     )]
     NoScaledObject {
         namespace: String,
@@ -154,19 +152,14 @@ impl CallerPolicy {
             CallerPolicy::Unproven => Ok(Caller::unproven()),
             CallerPolicy::Cluster { cluster, wait } => {
                 let object = find_object(cluster, namespace, name, *wait).await?;
-                let triggers = object
-                    .data
-                    .pointer("/spec/triggers")
-                    .and_then(Value::as_array)
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
-                let trigger = matching_trigger(triggers, metadata).map_err(|difference| {
-                    CallerError::Mismatch {
-                        namespace: namespace.to_string(),
-                        name: name.to_string(),
-                        difference,
-                    }
-                })?;
+                let trigger =
+                    matching_trigger(triggers_of(&object), metadata).map_err(|difference| {
+                        CallerError::Mismatch {
+                            namespace: namespace.to_string(),
+                            name: name.to_string(),
+                            difference,
+                        }
+                    })?;
                 let authentication =
                     AuthenticationRef::from_trigger(trigger).map_err(|reason| {
                         CallerError::BadAuthenticationRef {
@@ -175,14 +168,7 @@ impl CallerPolicy {
                             reason,
                         }
                     })?;
-                Ok(Caller::from_cluster(
-                    object
-                        .metadata
-                        .creation_timestamp
-                        .as_ref()
-                        .map(|time| time.0.to_string()),
-                    authentication,
-                ))
+                Ok(Caller::from_cluster(authentication))
             }
         }
     }
@@ -209,20 +195,36 @@ async fn find_object(
     }
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        if let Some(object) = cluster.raw_scaled_object(namespace, name) {
+        let found = cluster.raw_trigger_owner(namespace, name);
+        if let Ok(Some(object)) = found {
             return Ok(object);
         }
         match tokio::time::timeout_at(deadline, changes.recv()).await {
             Err(_) | Ok(Err(RecvError::Closed)) => {
-                return Err(CallerError::NoScaledObject {
-                    namespace: namespace.to_string(),
-                    name: name.to_string(),
-                    waited: wait,
+                return Err(match found {
+                    Err(reason) => CallerError::Unchecked(format!(
+                        "no ScaledObject {namespace}/{name}, and ScaledJobs cannot be read: {reason}"
+                    )),
+                    Ok(_) => CallerError::NoScaledObject {
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        waited: wait,
+                    },
                 });
             }
             Ok(Ok(_) | Err(RecvError::Lagged(_))) => {}
         }
     }
+}
+
+/// A ScaledObject's (or ScaledJob's) `spec.triggers`.
+pub fn triggers_of(object: &kube::api::DynamicObject) -> &[Value] {
+    object
+        .data
+        .pointer("/spec/triggers")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
 }
 
 /// Namespace and ScaledObject name as Kubernetes allows them: a namespace

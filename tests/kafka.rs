@@ -541,6 +541,8 @@ async fn oauthbearer_fetches_a_client_credentials_token_from_the_endpoint() {
     let (_cluster, bootstrap) = orders_cluster();
     let mut settings = Settings::default();
     let literal = |v: &str| AuthValue::Literal(v.into());
+    // Profiles are lent only to callers hoist trusts (no cluster here).
+    settings.grpc.trust_callers = true;
     settings.auth.insert(
         "oauth".into(),
         AuthProfile::new(

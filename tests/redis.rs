@@ -522,6 +522,8 @@ async fn passwords_come_from_auth_profiles_and_never_show_in_errors() {
     let redis = RedisServer::start_with(&["--requirepass", password]);
     redis.command(&["RPUSH", "jobs", "a"]);
     let mut settings = Settings::default();
+    // Profiles are lent only to callers hoist trusts (no cluster here).
+    settings.grpc.trust_callers = true;
     settings.auth.insert(
         "orders-redis".into(),
         AuthProfile::new(
@@ -599,6 +601,8 @@ async fn tls_to_redis_with_a_ca_from_the_auth_profile() {
     redis.command(&["RPUSH", "secure", "a", "b"]);
 
     let mut settings = Settings::default();
+    // Profiles are lent only to callers hoist trusts (no cluster here).
+    settings.grpc.trust_callers = true;
     settings.auth.insert(
         "tls-redis".into(),
         AuthProfile::new(
@@ -764,6 +768,8 @@ async fn an_acl_user_with_eval_and_without_evalsha_can_scale() {
     );
 
     let mut settings = Settings::default();
+    // Profiles are lent only to callers hoist trusts (no cluster here).
+    settings.grpc.trust_callers = true;
     settings.auth.insert(
         "eval-only".into(),
         AuthProfile::new(
@@ -836,6 +842,8 @@ async fn mtls_to_redis_with_an_encrypted_client_key() {
         )
     };
     let mut settings = Settings::default();
+    // Profiles are lent only to callers hoist trusts (no cluster here).
+    settings.grpc.trust_callers = true;
     settings.auth.insert("encrypted".into(), profile(PASSWORD));
     settings
         .auth

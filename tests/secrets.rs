@@ -47,6 +47,9 @@ async fn secrets_never_reach_logs_status_metrics_or_errors() {
         &config,
         format!(
             r#"
+# No cluster here: profiles are lent to trusted callers only.
+[grpc]
+trust_callers = true
 [auth.redis]
 namespaces = ["default"]
 password = "{}"

@@ -438,6 +438,8 @@ async fn busy_answers_are_retried_and_ready_signatures_are_sent_as_they_are() {
 #[tokio::test]
 async fn workload_identity_without_the_pod_setup_says_what_is_missing() {
     let mut settings = hoist::config::Settings::default();
+    // Profiles are lent only to callers hoist trusts (no cluster here).
+    settings.grpc.trust_callers = true;
     settings.auth.insert(
         "orders-identity".into(),
         hoist::config::AuthProfile::new(

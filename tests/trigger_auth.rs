@@ -32,6 +32,8 @@ async fn a_profile_serves_only_the_namespaces_it_lists() {
     redis.command(&["RPUSH", "jobs", "a"]);
     let mut settings = Settings::default();
     let secret = || [("password", AuthValue::Literal(password.into()))];
+    // Profiles are lent only to callers hoist trusts (no cluster here).
+    settings.grpc.trust_callers = true;
     settings.auth.insert(
         "orders-redis".into(),
         AuthProfile::new(&["orders"], secret()),

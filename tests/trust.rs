@@ -405,3 +405,113 @@ async fn two_scalers_and_two_split_interceptors_serve_one_table() {
         served_by(interceptor, "shared.example", "new").await;
     }
 }
+
+/// A Redis trigger of `default/worker` reading `jobs` with the profile
+/// `orders-redis`, its address written as `address` or sent as KEDA sends
+/// an `addressFromEnv` (the resolved value).
+fn redis_call(address: &str, from_env: bool) -> ScaledObjectRef {
+    let key = if from_env {
+        "addressFromEnv"
+    } else {
+        "address"
+    };
+    object(
+        "worker",
+        &[
+            ("scaler", "redis"),
+            (key, address),
+            ("listName", "jobs"),
+            ("authRef", "orders-redis"),
+        ],
+    )
+}
+
+fn with_profile(mut settings: Settings, password: &str) -> Settings {
+    settings.auth.insert(
+        "orders-redis".into(),
+        hoist::config::AuthProfile::new(
+            &["default"],
+            [(
+                "password",
+                hoist::config::AuthValue::Literal(password.into()),
+            )],
+        ),
+    );
+    settings
+}
+
+#[tokio::test]
+async fn credentials_are_lent_only_to_callers_and_values_hoist_can_check() {
+    let password = "orders-password-7781";
+    let redis = support::RedisServer::start_with(&["--requirepass", password]);
+    redis.command(&["RPUSH", "jobs", "a"]);
+    let address = redis.address();
+
+    // Without a cluster a namespace is the caller's word: no profile.
+    let anyone = Hoist::start_with(with_profile(in_process(), password)).await;
+    let refused = anyone.spec_refused(&redis_call(&address, false)).await;
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(
+        refused.message().contains("`authRef`") && refused.message().contains("grpc.trust_callers"),
+        "{}",
+        refused.message()
+    );
+
+    // In a cluster, the ScaledObject's own literal address gets the
+    // password; a value KEDA would read from the environment does not,
+    // whoever sends it (a stranger could send its own server's address).
+    let written = redis_call(&address, false);
+    let from_env = redis_call(&address, true);
+    let mut from_env_trigger = from_env.clone();
+    from_env_trigger
+        .scaler_metadata
+        .insert("addressFromEnv".into(), "REDIS_ADDRESS".into());
+    let api = FakeApi::start().await;
+    api.put_scaled_object(
+        "default",
+        "worker",
+        deployment(&[&written, &from_env_trigger]),
+    );
+    let hoist = Hoist::start_with(with_profile(in_cluster(&api), password)).await;
+    assert_eq!(hoist.metric(&written).await.unwrap(), (1, 1.0));
+    let auths = redis.calls("auth");
+    let refused = hoist.spec_refused(&from_env).await;
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(
+        refused.message().contains("`addressFromEnv`"),
+        "{}",
+        refused.message()
+    );
+    // One AUTH: `calls` connects with the password itself; hoist sent none.
+    assert_eq!(redis.calls("auth"), auths + 1);
+}
+
+#[tokio::test]
+async fn a_scaledjobs_triggers_are_served_like_a_scaledobjects() {
+    let redis = support::RedisServer::start();
+    redis.command(&["RPUSH", "jobs", "a", "b"]);
+    let call = object(
+        "batch",
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "jobs"),
+        ],
+    );
+    let api = FakeApi::start().await;
+    api.put_object(
+        "scaledjobs",
+        "default",
+        "batch",
+        json!({"spec": with_triggers(json!({"jobTargetRef": {"template": {}}}), &[&call])}),
+    );
+    let hoist = Hoist::start_with(in_cluster(&api)).await;
+    assert_eq!(hoist.metric(&call).await.unwrap(), (2, 2.0));
+    // A name that is neither a ScaledObject nor a ScaledJob is refused.
+    let mut other = call.clone();
+    other.name = "batch-2".into();
+    assert_eq!(
+        hoist.spec_refused(&other).await.code(),
+        Code::PermissionDenied
+    );
+}

@@ -93,6 +93,15 @@ fn scaled_objects() -> ApiResource {
 /// whole store (it is told so: `RecvError::Lagged`).
 const CHANGE_BACKLOG: usize = 4096;
 
+/// ScaledJobs (KEDA's CRD): KEDA calls external scalers for their
+/// triggers too, naming the ScaledJob.
+fn scaled_jobs() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("keda.sh", "v1alpha1", "ScaledJob"),
+        "scaledjobs",
+    )
+}
+
 /// A connection to the cluster, shared by every engine.
 pub struct Cluster {
     client: kube::Client,
@@ -109,6 +118,10 @@ pub struct Cluster {
     changes: broadcast::Sender<ObjectChange>,
     /// Whether the watch's first list has completed.
     listed: tokio::sync::watch::Sender<bool>,
+    /// ScaledJobs, whose triggers call hoist as ScaledObjects' do.
+    jobs: Store<DynamicObject>,
+    jobs_listed: tokio::sync::watch::Sender<bool>,
+    jobs_error: Arc<Mutex<Option<String>>>,
     /// With `kubernetes.trigger_authentication`: what resolves triggers'
     /// `authenticationRef`.
     trigger_auth: Option<trigger_auth::TriggerAuthStores>,
@@ -187,6 +200,9 @@ impl Cluster {
         let trigger_auth = settings
             .trigger_authentication
             .then(|| trigger_auth::TriggerAuthStores::start(&client, settings, &cancel));
+        let jobs_writer = reflector::store::Writer::new(scaled_jobs());
+        let jobs = jobs_writer.as_reader();
+        let jobs_error = Arc::new(Mutex::new(None));
         let cluster = Arc::new(Cluster {
             trigger_auth,
             reporter,
@@ -198,7 +214,33 @@ impl Cluster {
             server: server.clone(),
             changes: broadcast::channel(CHANGE_BACKLOG).0,
             listed: tokio::sync::watch::Sender::new(false),
+            jobs,
+            jobs_listed: tokio::sync::watch::Sender::new(false),
+            jobs_error: jobs_error.clone(),
         });
+        {
+            let (changes, listed) = (cluster.changes.clone(), cluster.jobs_listed.clone());
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &scaled_jobs());
+            let stream = reflector::reflector(
+                jobs_writer,
+                watcher(api, watcher::Config::default()).default_backoff(),
+            );
+            follow(
+                stream,
+                "scaledjobs.keda.sh",
+                "",
+                jobs_error,
+                cancel.clone(),
+                move |event: &watcher::Event<DynamicObject>| {
+                    if let watcher::Event::InitDone = event {
+                        listed.send_replace(true);
+                    }
+                    if let Some(change) = ObjectChange::of(event) {
+                        let _ = changes.send(change);
+                    }
+                },
+            );
+        }
         let changes = cluster.changes.clone();
         let listed = cluster.listed.clone();
         let api: Api<DynamicObject> = Api::all_with(client, &resource);
@@ -280,6 +322,30 @@ impl Cluster {
     pub fn raw_scaled_object(&self, namespace: &str, name: &str) -> Option<Arc<DynamicObject>> {
         let key = ObjectRef::new_with(name, scaled_objects()).within(namespace);
         self.objects.get(&key)
+    }
+
+    /// The ScaledObject, or else the ScaledJob, named so: what owns the
+    /// triggers KEDA calls about. `Err` while ScaledJobs cannot be listed
+    /// and no ScaledObject has the name (it may be a ScaledJob).
+    pub fn raw_trigger_owner(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<DynamicObject>>, String> {
+        if let Some(object) = self.raw_scaled_object(namespace, name) {
+            return Ok(Some(object));
+        }
+        if !*self.jobs_listed.borrow() {
+            let reason = self
+                .jobs_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_else(|| "the ScaledJob watch has not listed them yet".to_string());
+            return Err(reason);
+        }
+        let key = ObjectRef::new_with(name, scaled_jobs()).within(namespace);
+        Ok(self.jobs.get(&key))
     }
 
     /// Every ScaledObject the watch has.

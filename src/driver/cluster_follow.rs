@@ -18,7 +18,7 @@ use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tracing::{info, warn};
 
 use super::Driver;
-use crate::callers::matching_trigger;
+use crate::callers::{matching_trigger, triggers_of};
 use crate::cluster::{Cluster, ObjectChange};
 use crate::metadata::{AuthParams, Params};
 use crate::routing::{Owner, RouteSpec};
@@ -56,10 +56,17 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
     }
     let mut routes = DeclaredRoutes::default();
     let mut changed = Changed::All;
+    // What the registry last decided from: most watch events (KEDA writes
+    // status often) change no route, and deciding again is O(routes²).
+    let mut decided: Option<Vec<RouteSpec>> = None;
     loop {
         if let Some(registry) = driver.routes() {
             routes.update(&cluster, &changed, &driver);
-            registry.set_declared(routes.candidates());
+            let candidates = routes.candidates();
+            if decided.as_ref() != Some(&candidates) {
+                registry.set_declared(candidates.clone());
+                decided = Some(candidates);
+            }
         }
         driver.recheck_callers(&cluster, &changed);
         driver.refresh_intervals_of(&changed);
@@ -216,33 +223,20 @@ impl Driver {
         if stale.is_empty() {
             return;
         }
-        let mut triggers = self
-            .inner
-            .triggers
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
         for key in &stale {
             info!(namespace = %key.namespace, scaled_object = %key.name, "trigger stopped: its ScaledObject no longer has it");
-            self.inner.metrics.revoked("cluster");
-            self.forget(&mut triggers, key);
         }
-        self.inner
-            .metrics
-            .tracked_triggers
-            .set(triggers.len() as i64);
+        self.revoke(&stale, "cluster");
     }
 }
 
 /// Whether a ScaledObject in the store has a trigger with `key`'s metadata.
 fn backed(cluster: &Cluster, key: &super::TriggerKey) -> bool {
-    let Some(object) = cluster.raw_scaled_object(&key.namespace, &key.name) else {
-        return false;
+    let object = match cluster.raw_trigger_owner(&key.namespace, &key.name) {
+        Ok(Some(object)) => object,
+        Ok(None) => return false,
+        // ScaledJobs unreadable for now: nothing shows it is gone.
+        Err(_) => return true,
     };
-    let triggers = object
-        .data
-        .pointer("/spec/triggers")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    matching_trigger(triggers, &key.metadata_map()).is_ok()
+    matching_trigger(triggers_of(&object), &key.metadata_map()).is_ok()
 }

@@ -143,6 +143,66 @@ pub enum TrackError {
     Route(#[from] RouteError),
     #[error("{0}")]
     TriggerAuth(#[from] TriggerAuthError),
+    #[error("`{key}`: {reason} ({setting})")]
+    NotLent {
+        key: String,
+        setting: &'static str,
+        reason: String,
+    },
+}
+
+/// Whether hoist may lend the caller of `key` the credentials it holds
+/// (an `authRef` profile, or the TriggerAuthentication of an
+/// `authenticationRef`): only a proven caller may have them (without
+/// cluster access a namespace is the caller's word), and only for values
+/// hoist could check: a `*FromEnv` value is whatever the caller sends
+/// (KEDA reads it from the scale target's environment), so a stranger
+/// naming the right ScaledObject could point the credentials at its own
+/// server through one.
+fn lendable(
+    key: &TriggerKey,
+    caller: &Caller,
+    trigger_authentication: bool,
+) -> Result<(), TrackError> {
+    let profile = key.metadata.iter().any(|(name, _)| name == "authRef");
+    if !profile && !trigger_authentication {
+        return Ok(());
+    }
+    let source = if profile {
+        "authRef"
+    } else {
+        "authenticationRef"
+    };
+    if !caller.proven {
+        return Err(TrackError::NotLent {
+            key: source.to_string(),
+            setting: "grpc.trust_callers",
+            reason: "hoist cannot check who asks (no cluster access, no gRPC mTLS), so it lends no credentials it holds; without a cluster, trust callers explicitly (single-tenant only)".to_string(),
+        });
+    }
+    if caller.checked_in_cluster
+        && let Some((from_env, _)) = key
+            .metadata
+            .iter()
+            .find(|(name, _)| name.ends_with("FromEnv"))
+    {
+        return Err(TrackError::NotLent {
+            key: from_env.clone(),
+            setting: source_setting(profile),
+            reason: format!(
+                "hoist cannot check a value KEDA reads from the scale target's environment, so it lends no credentials ({source}) to a trigger with one: write the value in the trigger's metadata, or put it in the credentials"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn source_setting(profile: bool) -> &'static str {
+    if profile {
+        "auth profiles"
+    } else {
+        "kubernetes.trigger_authentication"
+    }
 }
 
 /// A trigger's metadata parsed with the settings and auth profiles in
@@ -520,6 +580,7 @@ impl Driver {
             });
         }
         let credentials = self.credentials(&key, caller)?;
+        lendable(&key, caller, credentials.is_some())?;
         let config = parse_allowed(
             &key,
             &settings,
@@ -533,7 +594,7 @@ impl Driver {
         // its ScaledObject (an edit) takes the route over, never dropping it.
         let declared = config.trigger.route.clone();
         if let Some(spec) = &declared {
-            if !caller.may_declare_routes {
+            if !caller.proven {
                 return Err(RouteError::Denied {
                     key: "upstream",
                     setting: "grpc.trust_callers",
@@ -599,7 +660,9 @@ impl Driver {
         };
         match self.resolve_credentials(&tracked.key.namespace, reference) {
             Ok(Some(resolved)) => resolved.version != *version,
-            // Gone or unreadable: tracked anew, the refusal says why.
+            // A watch hiccup is no rotation: keep what was read.
+            Err(TrackError::TriggerAuth(TriggerAuthError::NotSynced { .. })) => false,
+            // Gone or refused: tracked anew, the refusal says why.
             Ok(None) | Err(_) => true,
         }
     }
@@ -653,14 +716,22 @@ impl Driver {
         if refused.is_empty() {
             return;
         }
+        for (key, error) in &refused {
+            warn!(namespace = %key.namespace, scaled_object = %key.name, %error, "trigger stopped: the reloaded config no longer allows it");
+        }
+        let keys: Vec<TriggerKey> = refused.into_iter().map(|(key, _)| key).collect();
+        self.revoke(&keys, "reload");
+    }
+
+    /// Stops tracked triggers that are no longer allowed, counted by why.
+    fn revoke(&self, keys: &[TriggerKey], reason: &str) {
         let mut triggers = self
             .inner
             .triggers
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        for (key, error) in &refused {
-            warn!(namespace = %key.namespace, scaled_object = %key.name, %error, "trigger stopped: the reloaded config no longer allows it");
-            self.inner.metrics.revoked("reload");
+        for key in keys {
+            self.inner.metrics.revoked(reason);
             self.forget(&mut triggers, key);
         }
         self.inner

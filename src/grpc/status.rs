@@ -85,6 +85,7 @@ impl RpcError {
                 Code::Unavailable
             }
             RpcError::Track(TrackError::TriggerAuth(_)) => Code::FailedPrecondition,
+            RpcError::Track(TrackError::NotLent { .. }) => Code::PermissionDenied,
             RpcError::Caller(CallerError::NoScaledObject { .. } | CallerError::Mismatch { .. }) => {
                 Code::PermissionDenied
             }

@@ -98,7 +98,7 @@ pub async fn follow(
                     .routes
                     .iter()
                     .chain(&carried)
-                    .filter(|spec| match rules.allows(spec) {
+                    .filter(|spec| match follower_allows(&rules, spec) {
                         Ok(()) => true,
                         Err(error) => {
                             if refused.insert(spec.name.clone()) {
@@ -141,6 +141,20 @@ pub async fn follow(
             }
         }
     }
+}
+
+/// Whether a route of the scaler's table may be served here. The table
+/// holds only routes ScaledObjects declare: one without an owner (which
+/// the rules would take for the operator's own, exempt from them) or whose
+/// owner has a name no Kubernetes object can have is not the scaler's.
+fn follower_allows(rules: &RouteRules, spec: &RouteSpec) -> Result<(), String> {
+    let Some(owner) = &spec.owner else {
+        return Err(
+            "the scaler's table carries only declared routes, and this one has no owner".into(),
+        );
+    };
+    crate::callers::check_names(&owner.namespace, &owner.name).map_err(|e| e.to_string())?;
+    rules.allows(spec).map_err(|e| e.to_string())
 }
 
 /// The routes a follower keeps beside `table`'s: while the scaler settles,
@@ -287,5 +301,40 @@ mod tests {
         let again = table("c", true, Vec::new());
         let carried = carry(&[cart.clone(), shop.clone()], carried, true, &again);
         assert_eq!(names(&carried), ["http/default/cart", "http/default/shop"]);
+    }
+
+    #[test]
+    fn a_follower_serves_only_declared_routes_its_own_rules_allow() {
+        let rules = RouteRules {
+            interceptor: crate::config::InterceptorSettings {
+                allowed_hosts: [("default".to_string(), vec!["*.test".to_string()])].into(),
+                ..Default::default()
+            },
+            config_routes: Vec::new(),
+        };
+        assert_eq!(
+            follower_allows(&rules, &http("shop", "shop.test", None)),
+            Ok(())
+        );
+        let mut ownerless = http("shop", "shop.test", None);
+        ownerless.owner = None;
+        assert!(
+            follower_allows(&rules, &ownerless)
+                .unwrap_err()
+                .contains("no owner")
+        );
+        let mut wildcard = http("shop", "shop.test", None);
+        wildcard.owner.as_mut().unwrap().namespace = "*".into();
+        assert!(
+            follower_allows(&rules, &wildcard)
+                .unwrap_err()
+                .contains("DNS-1123")
+        );
+        let elsewhere = http("shop", "shop.example.com", None);
+        assert!(
+            follower_allows(&rules, &elsewhere)
+                .unwrap_err()
+                .contains("interceptor.allowed_hosts")
+        );
     }
 }

@@ -27,11 +27,17 @@ use tokio_stream::wrappers::BroadcastStream;
 
 /// A resource served with list and watch: (path segments of its
 /// cluster-wide list, apiVersion, kind, namespaced).
-const COLLECTIONS: [(&[&str], &str, &str, bool); 4] = [
+const COLLECTIONS: [(&[&str], &str, &str, bool); 5] = [
     (
         &["apis", "keda.sh", "v1alpha1", "scaledobjects"],
         "keda.sh/v1alpha1",
         "ScaledObject",
+        true,
+    ),
+    (
+        &["apis", "keda.sh", "v1alpha1", "scaledjobs"],
+        "keda.sh/v1alpha1",
+        "ScaledJob",
         true,
     ),
     (
