@@ -61,6 +61,10 @@ impl Caller {
     }
 }
 
+/// Calls that may wait for a new ScaledObject at once (KEDA asks about a
+/// new one once per trigger; more than this waiting means strangers).
+const MAX_WAITING: usize = 256;
+
 /// Why a caller's trigger is not tracked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallerError {
@@ -106,6 +110,10 @@ pub enum CallerPolicy {
     Cluster {
         cluster: Arc<Cluster>,
         wait: Duration,
+        /// Calls waiting for a ScaledObject the watch has not seen: a
+        /// stranger naming ones that do not exist cannot park unbounded
+        /// calls (each woken by every watch event); past it, no wait.
+        waiting: Arc<tokio::sync::Semaphore>,
     },
     /// The channel proves the caller (gRPC mTLS), or the operator trusts
     /// every caller (`grpc.trust_callers`).
@@ -124,7 +132,11 @@ impl CallerPolicy {
         trust_callers: bool,
     ) -> Self {
         match cluster {
-            Some(cluster) => CallerPolicy::Cluster { cluster, wait },
+            Some(cluster) => CallerPolicy::Cluster {
+                cluster,
+                wait,
+                waiting: Arc::new(tokio::sync::Semaphore::new(MAX_WAITING)),
+            },
             None if mutual_tls || trust_callers => CallerPolicy::Trusted,
             None => CallerPolicy::Unproven,
         }
@@ -150,8 +162,12 @@ impl CallerPolicy {
         match self {
             CallerPolicy::Trusted => Ok(Caller::trusted()),
             CallerPolicy::Unproven => Ok(Caller::unproven()),
-            CallerPolicy::Cluster { cluster, wait } => {
-                let object = find_object(cluster, namespace, name, *wait).await?;
+            CallerPolicy::Cluster {
+                cluster,
+                wait,
+                waiting,
+            } => {
+                let object = find_object(cluster, namespace, name, *wait, waiting).await?;
                 let trigger =
                     matching_trigger(triggers_of(&object), metadata).map_err(|difference| {
                         CallerError::Mismatch {
@@ -182,6 +198,7 @@ async fn find_object(
     namespace: &str,
     name: &str,
     wait: Duration,
+    waiting: &tokio::sync::Semaphore,
 ) -> Result<Arc<kube::api::DynamicObject>, CallerError> {
     let mut changes = cluster.changes();
     if !cluster.has_listed() {
@@ -193,6 +210,13 @@ async fn find_object(
             return Err(CallerError::Unchecked(reason));
         }
     }
+    if let Ok(Some(object)) = cluster.raw_trigger_owner(namespace, name) {
+        return Ok(object);
+    }
+    let (_permit, wait) = match waiting.try_acquire() {
+        Ok(permit) => (Some(permit), wait),
+        Err(_) => (None, Duration::ZERO),
+    };
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let found = cluster.raw_trigger_owner(namespace, name);

@@ -23,6 +23,10 @@ pub enum PathError {
     EncodedSlash,
     #[error("the path holds a `\\`")]
     Backslash,
+    /// `/api/..;x=y/admin`: servlet containers drop `;x=y` and then
+    /// resolve the `..` hoist did not see as one.
+    #[error("the path holds a dot segment with parameters (`..;` or `.;`)")]
+    DotSegmentParameters,
 }
 
 /// The normalised `path` (the path of a request target, without its
@@ -40,6 +44,12 @@ pub fn normalize(path: &str, allow_encoded_slashes: bool) -> Result<Cow<'_, str>
     } else {
         Cow::Borrowed(path)
     };
+    if decoded
+        .split('/')
+        .any(|s| s.starts_with("..;") || s.starts_with(".;"))
+    {
+        return Err(PathError::DotSegmentParameters);
+    }
     if !decoded.starts_with('/') || !decoded.split('/').any(|s| s == "." || s == "..") {
         return Ok(decoded);
     }
@@ -186,5 +196,24 @@ mod tests {
 
     fn normal_allowed(path: &str) -> String {
         normalize(path, true).unwrap().into_owned()
+    }
+
+    #[test]
+    fn dot_segments_with_parameters_are_refused() {
+        for path in [
+            "/api/..;/admin",
+            "/api/.;x=1/admin",
+            "/api/%2e%2e;jsessionid=1/admin",
+        ] {
+            assert_eq!(
+                normalize(path, false),
+                Err(PathError::DotSegmentParameters),
+                "{path}"
+            );
+        }
+        assert_eq!(
+            normalize("/api/v1;x=1/a..b", false).unwrap(),
+            "/api/v1;x=1/a..b"
+        );
     }
 }
