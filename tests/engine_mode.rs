@@ -252,10 +252,22 @@ async fn engine_state_survives_a_restart_and_a_corrupt_file_is_ignored() {
         "{refused:?}"
     );
     third.stop().await.unwrap();
+    let saved = std::fs::read_to_string(&state_file).unwrap();
+    assert!(saved.contains("\"version\": 1"), "rewritten");
     assert!(
-        std::fs::read_to_string(&state_file)
-            .unwrap()
-            .contains("\"version\": 1"),
-        "rewritten"
+        saved.contains("\"default/worker\"") && saved.contains("\"countKnown\": false"),
+        "the third run saved its engine without a count: {saved}"
     );
+
+    // That record holds no count: a fourth run does not compute from its
+    // 0 (1, 4, 8 … for an app KEDA keeps at 10), it still answers
+    // Unavailable.
+    let fourth = Hoist::start_with(settings()).await;
+    let refused = fourth.metric(&worker).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::Unavailable,
+        "a record saved while the count was unknown restores no count: {refused:?}"
+    );
+    fourth.stop().await.unwrap();
 }

@@ -910,8 +910,17 @@ impl Driver {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&persist::key(&key.namespace, &key.name));
-        if restored.is_some() {
-            info!(namespace = %key.namespace, scaled_object = %key.name, "engine state restored");
+        // A record saved while the count was unknown holds no count: its
+        // `currentReplicas` of 0 must never stand in for the real one.
+        let count_restored = restored.as_ref().is_some_and(|state| state.count_known);
+        match &restored {
+            Some(_) if count_restored => {
+                info!(namespace = %key.namespace, scaled_object = %key.name, "engine state restored");
+            }
+            Some(_) => {
+                info!(namespace = %key.namespace, scaled_object = %key.name, "engine state restored without a count: it was saved while the count was unknown");
+            }
+            None => {}
         }
         let counting = match self.cluster() {
             Some(cluster) => Counting::Cluster(cluster),
@@ -923,7 +932,7 @@ impl Driver {
             rules,
             policy: CountPolicy {
                 assume_applied: self.inner.settings.load().assume_applied,
-                restored: restored.is_some(),
+                restored: count_restored,
             },
             state: restored.unwrap_or_default(),
             counting,

@@ -472,6 +472,7 @@ async fn without_a_cluster_or_saved_state_the_count_is_unknown_not_zero() {
         crate::persist::key("default", "worker"),
         crate::engine::State {
             current_replicas: 10,
+            count_known: true,
             active: true,
             last_active: Some(restarted.clock().now()),
             ..Default::default()

@@ -88,6 +88,11 @@ impl Observation {
 pub struct State {
     /// The replica count the engine last recommended (assumed applied).
     pub current_replicas: u32,
+    /// Whether `current_replicas` is a count the engine knew (read, or
+    /// decided from one): a state saved before any decision (the count
+    /// unknown) has 0 there, which is no count. Absent in files of earlier
+    /// versions, which saved such states too: not known.
+    pub count_known: bool,
     /// Whether the last decision was active.
     pub active: bool,
     /// The last time any trigger was active (or a trigger failed while
@@ -332,6 +337,7 @@ pub fn decide_observed(
     };
 
     state.current_replicas = decision.replicas;
+    state.count_known = true;
     state.active = decision.active;
     decision
 }
