@@ -342,6 +342,17 @@ async fn with_the_api_down_the_last_count_serves_one_interval_then_unavailable()
 
     api.set_down(false);
     replicas_become(&hoist, &worker, 4.0).await;
+    // The Event posted while the API was down was lost with it: once the
+    // count is known again, one says how long it was not.
+    let note = until("the recovery Event", || async {
+        api.events().into_iter().find_map(|event| {
+            let note = event["note"].as_str()?.to_string();
+            (event["reason"] == "ReplicaCountUnknown" && note.contains("was unknown for"))
+                .then_some(note)
+        })
+    })
+    .await;
+    assert!(note.contains("known again, answering 4"), "{note}");
 }
 
 #[tokio::test]

@@ -170,6 +170,10 @@ pub struct Scaling {
     insight: Mutex<Insight>,
     /// Warnings last posted as an Event, and when.
     warned: Mutex<(Vec<String>, Millis)>,
+    /// Since when, and why, the engine has answered `CountUnknown`: the
+    /// Event posted meanwhile may have been lost with the API, so another
+    /// says how long it lasted once the count is known again.
+    unknown_since: Mutex<Option<(Millis, String)>>,
     /// Signalled when a decision changes (state worth saving).
     changed: Arc<Notify>,
     metrics: Arc<crate::metrics::Metrics>,
@@ -206,6 +210,7 @@ impl Scaling {
             last_object: Mutex::new(None),
             insight: Mutex::new(Insight::default()),
             warned: Mutex::new((Vec::new(), 0)),
+            unknown_since: Mutex::new(None),
             changed: start.changed,
             metrics: start.metrics,
             wake: Arc::new(Notify::new()),
@@ -485,12 +490,12 @@ impl Scaling {
             let answer = Answer::CountUnknown(format!(
                 "the rules from trigger metadata and the ScaledObject do not fit together: {reason}"
             ));
-            return Some(self.publish(answer, None, &object));
+            return Some(self.publish(answer, None, &object, now));
         }
         let observed = match counted {
             Ok(observed) => observed,
             Err(reason) => {
-                return Some(self.publish(Answer::CountUnknown(reason), None, &object));
+                return Some(self.publish(Answer::CountUnknown(reason), None, &object, now));
             }
         };
         let decision = {
@@ -509,7 +514,7 @@ impl Scaling {
         };
         self.post_warnings(&object, warnings, now);
         let previous = self.decision();
-        Some(self.publish(Answer::Decided(decision), previous, &object))
+        Some(self.publish(Answer::Decided(decision), previous, &object, now))
     }
 
     /// The triggers' latest readings, for the engine.
@@ -603,10 +608,13 @@ impl Scaling {
             }
         }
         let reads = lock(&self.reads);
-        // The last known count serves for one interval of failures.
+        // The last known count serves for one interval of failures, judged
+        // now that the read is over: a read that hangs to its timeout is
+        // part of the failure, not time before it.
+        let judged_at = clock.now();
         let failing_long = reads
             .failing_since
-            .is_some_and(|since| now >= since.saturating_add(interval));
+            .is_some_and(|since| judged_at >= since.saturating_add(interval));
         match (&reads.last, failing_long) {
             (Some((observed, _)), false) => Ok(Some(*observed)),
             // A saved count, but only with the ScaledObject's own settings
@@ -629,7 +637,9 @@ impl Scaling {
         answer: Answer,
         previous: Option<Decision>,
         object: &Result<ScaledObjectView, String>,
+        now: Millis,
     ) -> Answer {
+        self.note_unknown_period(&answer, object, now);
         let changed = match (&answer, &previous) {
             (Answer::Decided(decision), Some(previous)) => {
                 previous.replicas != decision.replicas || previous.active != decision.active
@@ -711,6 +721,42 @@ impl Scaling {
             .inc();
         self.answers.send_replace(Some(answer.clone()));
         answer
+    }
+
+    /// Remembers when the count became unknown; once it is known again,
+    /// posts (once) how long it was not, and why.
+    fn note_unknown_period(
+        &self,
+        answer: &Answer,
+        object: &Result<ScaledObjectView, String>,
+        now: Millis,
+    ) {
+        let mut unknown = lock(&self.unknown_since);
+        match answer {
+            Answer::CountUnknown(reason) => {
+                unknown.get_or_insert_with(|| (now, reason.clone()));
+            }
+            Answer::Decided(decision) => {
+                let Some((since, reason)) = unknown.take() else {
+                    return;
+                };
+                if let (Counting::Cluster(cluster), Ok(object)) = (&self.counting, object) {
+                    cluster.post_event(
+                        object,
+                        ObjectEvent {
+                            warning: true,
+                            reason: "ReplicaCountUnknown",
+                            action: "Scale",
+                            note: format!(
+                                "the replica count was unknown for {}s (answered Unavailable meanwhile): {reason}; known again, answering {}",
+                                now.saturating_sub(since).div_ceil(1000),
+                                decision.replicas
+                            ),
+                        },
+                    );
+                }
+            }
+        }
     }
 
     /// Posts the warnings as an Event when they change, and again every
