@@ -394,6 +394,7 @@ fn reconcile_end_to_end() {
             scale_up: &up,
             scale_down: &down,
             legacy_factor: hoist::engine::SCALE_UP_FACTOR,
+            steps_seen_applied: false,
         };
         let outcome = hpa_reconcile(&mut state, &args, &proposals, NOW);
         let e = &v["expected"];

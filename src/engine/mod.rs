@@ -105,6 +105,12 @@ pub struct State {
     /// Past steps, for `behavior` rate policies.
     pub scale_up_events: Vec<ScaleEvent>,
     pub scale_down_events: Vec<ScaleEvent>,
+    /// Counting from the cluster: the step last decided, not yet seen
+    /// applied. The HPA records a scale event only once its rescale
+    /// succeeded; a decision the HPA has not applied is no step, and must
+    /// not count against the next one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending_step: Option<PendingStep>,
     /// Per trigger: the last reading seen and consecutive failures.
     pub triggers: BTreeMap<String, TriggerState>,
 }
@@ -119,6 +125,14 @@ pub struct TriggerState {
     /// The reading that last added to `consecutive_failures`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_counted_failure_at: Option<Millis>,
+}
+
+/// A decided step from `from` to `to` replicas, waiting to be applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingStep {
+    pub from: i32,
+    pub to: i32,
 }
 
 /// What limited (or explains) a decision.
@@ -203,6 +217,7 @@ pub fn decide_observed(
 ) -> Decision {
     if let Some(observed) = observed {
         state.current_replicas = observed.spec_replicas;
+        settle_pending_step(state, rules, observed.spec_replicas, now);
     }
     let ratio_replicas = observed.map_or(state.current_replicas, |o| o.status_replicas);
     let cooldown = rules.cooldown_period.saturating_mul(1000);
@@ -308,7 +323,11 @@ pub fn decide_observed(
         let (replicas, reason, message) = scale_from(
             state,
             rules,
-            (current, ratio_replicas),
+            Counts {
+                current,
+                ratio_replicas,
+                observed: observed.is_some(),
+            },
             &values,
             &errors,
             &fallback_due,
@@ -467,17 +486,31 @@ fn failing(errors: &[&Reading]) -> String {
     )
 }
 
-/// The HPA part for a ScaledObject at one or more replicas; `counts` is
-/// (spec replicas, status replicas).
+/// The counts an evaluation starts from.
+struct Counts {
+    /// Spec replicas: what the next step starts from.
+    current: u32,
+    /// Status replicas: what the usage ratio divides by.
+    ratio_replicas: u32,
+    /// Read from the cluster (steps are recorded once seen applied).
+    observed: bool,
+}
+
+/// The HPA part for a ScaledObject at one or more replicas.
 fn scale_from(
     state: &mut State,
     rules: &Rules,
-    (current, ratio_replicas): (u32, u32),
+    counts: Counts,
     values: &[(&Reading, Measured)],
     errors: &[&Reading],
     fallback_due: &BTreeSet<String>,
     now: Millis,
 ) -> (u32, Reason, String) {
+    let Counts {
+        current,
+        ratio_replicas,
+        observed,
+    } = counts;
     let up = rules.scale_up();
     let down = rules.scale_down();
     let current = current.min(i32::MAX as u32) as i32;
@@ -490,6 +523,7 @@ fn scale_from(
         scale_up: &up,
         scale_down: &down,
         legacy_factor: SCALE_UP_FACTOR,
+        steps_seen_applied: observed,
     };
     let mut proposals: Vec<Option<i32>> = values
         .iter()
@@ -626,6 +660,10 @@ pub struct HpaArgs<'a> {
     pub scale_down: &'a hpa::ScalingRules,
     /// The no-`behavior` step-up factor (2; the Kubernetes unit tests use 8).
     pub legacy_factor: f64,
+    /// Steps are recorded once the cluster shows them applied (the engine
+    /// reading `/scale`); `false`: at once, as the HPA records its own
+    /// rescales (and as an engine counting its own decisions must).
+    pub steps_seen_applied: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -745,12 +783,51 @@ fn store_step(state: &mut State, args: &HpaArgs, replicas: i32, now: Millis) {
         return;
     }
     let current = args.current;
+    if args.steps_seen_applied {
+        // The newest decision replaces one still waiting: only what the
+        // HPA applies is a step.
+        state.pending_step = (replicas != current).then_some(PendingStep {
+            from: current,
+            to: replicas,
+        });
+        return;
+    }
     if replicas > current {
         let change = replicas.saturating_sub(current);
         hpa::store_scale_event(&mut state.scale_up_events, args.scale_up, change, now);
     } else if replicas < current {
         let change = current.saturating_sub(replicas);
         hpa::store_scale_event(&mut state.scale_down_events, args.scale_down, change, now);
+    }
+}
+
+/// Records the pending step as a scale event once the cluster's count
+/// (`spec`) has moved its way: the HPA applied it (or part of it, as its
+/// own policies allowed; the part is what is recorded). A count that
+/// moved the other way was changed by someone else: the step is dropped.
+fn settle_pending_step(state: &mut State, rules: &Rules, spec: u32, now: Millis) {
+    let Some(step) = state.pending_step else {
+        return;
+    };
+    let spec = spec.min(i32::MAX as u32) as i32;
+    if spec == step.from {
+        return;
+    }
+    state.pending_step = None;
+    if rules.behavior.is_none() {
+        return;
+    }
+    if step.to > step.from && spec > step.from {
+        let change = spec.min(step.to) - step.from;
+        hpa::store_scale_event(&mut state.scale_up_events, &rules.scale_up(), change, now);
+    } else if step.to < step.from && spec < step.from {
+        let change = step.from - spec.max(step.to);
+        hpa::store_scale_event(
+            &mut state.scale_down_events,
+            &rules.scale_down(),
+            change,
+            now,
+        );
     }
 }
 

@@ -95,3 +95,103 @@ fn metadata_wins_then_the_scaledobject_then_the_defaults() {
     let (alone, _) = metadata.with_object(&written, None);
     assert_eq!(alone, metadata);
 }
+
+/// A behavior whose scale-up allows 4 pods per minute, from the cluster's
+/// count: the engine's answer with the load held high.
+fn rate_limited() -> Rules {
+    Rules {
+        max_replica_count: 100,
+        behavior: Some(rules::Behavior {
+            scale_up: Some(rules::BehaviorRules {
+                stabilization_window_seconds: Some(0),
+                policies: Some(vec![hpa::Policy {
+                    kind: hpa::PolicyType::Pods,
+                    value: 4,
+                    period_seconds: 60,
+                }]),
+                ..Default::default()
+            }),
+            scale_down: None,
+        }),
+        ..Rules::default()
+    }
+}
+
+fn high_load(at: Millis) -> Reading {
+    Reading {
+        at,
+        ..reading(500.0)
+    }
+}
+
+#[test]
+fn a_step_the_hpa_has_not_applied_does_not_count_against_the_next() {
+    let rules = rate_limited();
+    let mut state = State::default();
+    let first = decide_observed(&mut state, &rules, &[high_load(T0)], T0, counts(1, 1));
+    assert_eq!(first.replicas, 5);
+    assert!(state.scale_up_events.is_empty(), "decided, not applied");
+    // Evaluated again before the HPA's sync: the same answer, not 1.
+    let again = decide_observed(
+        &mut state,
+        &rules,
+        &[high_load(T0 + 5_000)],
+        T0 + 5_000,
+        counts(1, 1),
+    );
+    assert_eq!(again.replicas, 5);
+    // The HPA applied it: now it is a step, and the policy holds the next.
+    let applied = decide_observed(
+        &mut state,
+        &rules,
+        &[high_load(T0 + 15_000)],
+        T0 + 15_000,
+        counts(5, 5),
+    );
+    assert_eq!(state.scale_up_events.len(), 1);
+    assert_eq!(state.scale_up_events[0].change, 4);
+    assert_eq!(applied.replicas, 5, "4 pods a minute are used up");
+    let next_minute = decide_observed(
+        &mut state,
+        &rules,
+        &[high_load(T0 + 80_000)],
+        T0 + 80_000,
+        counts(5, 5),
+    );
+    assert_eq!(next_minute.replicas, 9);
+}
+
+proptest::proptest! {
+    /// However engine evaluations and HPA syncs interleave, with the load
+    /// held, the engine's answer never falls.
+    #[test]
+    fn the_answer_never_falls_while_the_load_holds(
+        steps in proptest::collection::vec((proptest::bool::ANY, 1u64..30), 1..60)
+    ) {
+        let rules = rate_limited();
+        let mut state = State::default();
+        let (mut spec, mut answer, mut now) = (1u32, 0u32, T0);
+        for (engine_turn, seconds) in steps {
+            now += seconds * 1000;
+            if engine_turn {
+                let decision = decide_observed(
+                    &mut state,
+                    &rules,
+                    &[high_load(now)],
+                    now,
+                    counts(spec, spec),
+                );
+                proptest::prop_assert!(
+                    decision.replicas >= answer,
+                    "fell from {answer} to {} at +{}s with {spec} running",
+                    decision.replicas,
+                    (now - T0) / 1000
+                );
+                answer = decision.replicas;
+            } else if answer > 0 {
+                // The HPA's sync applies the engine's answer.
+                spec = answer;
+            }
+        }
+    }
+}
