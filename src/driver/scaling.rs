@@ -684,17 +684,7 @@ impl Scaling {
                 }
                 Answer::CountUnknown(reason) => {
                     warn!(namespace = %self.namespace, scaled_object = %self.name, %reason, "answering Unavailable");
-                    if let (Counting::Cluster(cluster), Ok(object)) = (&self.counting, object) {
-                        cluster.post_event(
-                            object,
-                            ObjectEvent {
-                                warning: true,
-                                reason: "ReplicaCountUnknown",
-                                action: "Scale",
-                                note: reason.clone(),
-                            },
-                        );
-                    }
+                    self.post_count_unknown(object, reason.clone());
                 }
             }
         }
@@ -723,6 +713,21 @@ impl Scaling {
         answer
     }
 
+    /// A `ReplicaCountUnknown` Event on the ScaledObject, when it is known.
+    fn post_count_unknown(&self, object: &Result<ScaledObjectView, String>, note: String) {
+        if let (Counting::Cluster(cluster), Ok(object)) = (&self.counting, object) {
+            cluster.post_event(
+                object,
+                ObjectEvent {
+                    warning: true,
+                    reason: "ReplicaCountUnknown",
+                    action: "Scale",
+                    note,
+                },
+            );
+        }
+    }
+
     /// Remembers when the count became unknown; once it is known again,
     /// posts (once) how long it was not, and why.
     fn note_unknown_period(
@@ -740,21 +745,14 @@ impl Scaling {
                 let Some((since, reason)) = unknown.take() else {
                     return;
                 };
-                if let (Counting::Cluster(cluster), Ok(object)) = (&self.counting, object) {
-                    cluster.post_event(
-                        object,
-                        ObjectEvent {
-                            warning: true,
-                            reason: "ReplicaCountUnknown",
-                            action: "Scale",
-                            note: format!(
-                                "the replica count was unknown for {}s (answered Unavailable meanwhile): {reason}; known again, answering {}",
-                                now.saturating_sub(since).div_ceil(1000),
-                                decision.replicas
-                            ),
-                        },
-                    );
-                }
+                self.post_count_unknown(
+                    object,
+                    format!(
+                        "the replica count was unknown for {}s (answered Unavailable meanwhile): {reason}; known again, answering {}",
+                        now.saturating_sub(since).div_ceil(1000),
+                        decision.replicas
+                    ),
+                );
             }
         }
     }
