@@ -34,6 +34,32 @@ pub struct ScalerLabels {
     pub scaler: &'static str,
 }
 
+/// What every hoist process exports, whatever its mode: dashboards list
+/// pods from it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+    /// `scaler` (gRPC, no interceptor), `in-process` (gRPC and the
+    /// interceptor in one process) or `interceptor` (`hoist interceptor`).
+    pub mode: &'static str,
+}
+
+/// Registers `hoist_build_info{version, mode} 1`. Its labels are the only
+/// ones every process has, so none collides with a target label.
+pub fn register_build_info(registry: &mut Registry, mode: &'static str) {
+    let info: Family<BuildLabels, Gauge> = Family::default();
+    info.get_or_create(&BuildLabels {
+        version: env!("CARGO_PKG_VERSION"),
+        mode,
+    })
+    .set(1);
+    registry.register(
+        "hoist_build_info",
+        "1, labelled with hoist's version and how the process runs (mode: scaler, in-process, interceptor)",
+        info,
+    );
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 #[derive(Debug)]

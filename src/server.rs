@@ -157,6 +157,12 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let mut registry = Registry::default();
         metrics.register(&mut registry);
+        let mode = if interceptor.is_some() {
+            "in-process"
+        } else {
+            "scaler"
+        };
+        crate::metrics::register_build_info(&mut registry, mode);
 
         let cancel = CancellationToken::new();
         let stop = CancellationToken::new();
@@ -411,6 +417,7 @@ async fn run_interceptor(
         None => None,
     };
     let mut registry = Registry::default();
+    crate::metrics::register_build_info(&mut registry, "interceptor");
     registry.register_collector(Box::new(RouteTraffic(routes.clone())));
     let reload = reload.map(|source| {
         let targets = Targets {

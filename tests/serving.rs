@@ -127,15 +127,20 @@ async fn admin_endpoints_answer_and_metrics_cover_rpcs_triggers_and_polls() {
 
     let (status, metrics) = hoist.get("/metrics").await;
     assert_eq!(status, 200);
+    let value = format!(
+        "hoist_trigger_value{{scaled_object_namespace=\"default\",scaled_object=\"orders\",scaler=\"redis\",metric=\"redis-jobs\",source=\"redis list `jobs` on {} db 0\"}} 3",
+        redis.address()
+    );
     for expected in [
         "hoist_grpc_requests_total{method=\"GetMetrics\",code=\"Ok\"} 1",
         "hoist_grpc_requests_total{method=\"IsActive\",code=\"Ok\"} 1",
         "hoist_grpc_requests_total{method=\"IsActive\",code=\"InvalidArgument\"} 1",
         "hoist_grpc_request_duration_seconds_count{method=\"GetMetrics\"} 1",
-        "hoist_trigger_value{namespace=\"default\",scaled_object=\"orders\",scaler=\"redis\",metric=\"redis-jobs\"} 3",
+        &value,
         "hoist_poll_duration_seconds_count{scaler=\"redis\"} 1",
         "hoist_pollers 1",
         "hoist_tracked_triggers 1",
+        "hoist_triggers_without_value 0",
     ] {
         assert!(
             metrics.contains(expected),

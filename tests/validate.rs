@@ -7,8 +7,10 @@
 //!   against KEDA's CRDs (tests/data/keda-crds), a field the structural
 //!   schema does not declare counted as an error (the API server drops it);
 //! - the PrometheusRule with `promtool check rules` (Debian's
-//!   `prometheus`), and every metric the rules and the Grafana dashboard
-//!   use present on a live hoist's /metrics;
+//!   `prometheus`) and `promtool test rules` (tests/data/
+//!   prometheusrule.test.yaml: every alert fires and stays silent), and
+//!   every metric the rules and the Grafana dashboard use present on a
+//!   live hoist's /metrics, the variables' on every mode's;
 //! - scripts/image.sh's OCI image with `buildah` (Debian): its config, and
 //!   `hoist --version` and `hoist check-config` chrooted into its root.
 //!
@@ -579,6 +581,56 @@ fn metric_names_on_live_metrics(text: &str) -> BTreeSet<String> {
     names
 }
 
+/// The label sets of `metric`'s samples on a /metrics page.
+fn series_of(text: &str, metric: &str) -> Vec<BTreeMap<String, String>> {
+    let label = regex::Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)""#).unwrap();
+    text.lines()
+        .filter_map(|line| line.strip_prefix(metric)?.strip_prefix('{'))
+        .map(|labels| {
+            label
+                .captures_iter(labels)
+                .map(|c| (c[1].to_string(), c[2].to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Labels Prometheus attaches to every scraped sample: a hoist label of
+/// the same name would be renamed `exported_*` (`honor_labels: false`).
+const TARGET_LABELS: [&str; 4] = ["namespace", "pod", "job", "instance"];
+
+/// Every hoist sample on `page` keeps its labels through a scrape.
+fn assert_no_target_labels(mode: &str, page: &str) {
+    let name = regex::Regex::new(r"^(hoist_[a-z_]+)\{").unwrap();
+    for line in page.lines() {
+        let Some(metric) = name.captures(line) else {
+            continue;
+        };
+        let series = series_of(line, &metric[1]);
+        for label in TARGET_LABELS {
+            assert!(
+                !series[0].contains_key(label),
+                "{mode}: `{label}` on {line} collides with Prometheus' target label"
+            );
+        }
+    }
+}
+
+/// The metrics the dashboard's variables list pods from.
+fn variable_metrics() -> BTreeSet<String> {
+    let metric = regex::Regex::new(r"\bhoist_[a-z_]+\b").unwrap();
+    queries()
+        .into_iter()
+        .filter(|(source, _)| source.starts_with("dashboard variable"))
+        .flat_map(|(_, query)| {
+            metric
+                .find_iter(&query)
+                .map(|m| m.as_str().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 fn prometheus_rule() -> Value {
     json(&documents("deploy/monitoring")[0])
 }
@@ -647,8 +699,19 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
         .scaler_metadata
         .insert("scalingMode".into(), "engine".into());
     let _ = hoist.metric(&engine).await;
+    // Two triggers of one ScaledObject on one route: both `http-web`.
+    for measure in ["requestRate", "concurrency"] {
+        let web = support::object(
+            "web",
+            &[("scaler", "http"), ("route", "web"), ("metric", measure)],
+        );
+        hoist
+            .metric(&web)
+            .await
+            .expect("an http trigger on route web");
+    }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let live = loop {
+    let (live, page) = loop {
         let (status, page) = hoist.get("/metrics").await;
         assert_eq!(status, 200);
         let live = metric_names_on_live_metrics(&page);
@@ -656,7 +719,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
             && live.contains("hoist_poll_duration_seconds_count")
             && live.contains("hoist_engine_decisions_total")
         {
-            break live;
+            break (live, page);
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -678,6 +741,55 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
         }
     }
     assert!(used.len() >= 8, "{used:?}");
+
+    // Each trigger its own series, told apart by `source`, with labels a
+    // scrape keeps.
+    let web: Vec<_> = series_of(&page, "hoist_trigger_value")
+        .into_iter()
+        .filter(|labels| labels["scaled_object"] == "web")
+        .collect();
+    assert_eq!(web.len(), 2, "{page}");
+    for labels in &web {
+        assert_eq!(labels["scaled_object_namespace"], "default");
+        assert_eq!(labels["metric"], "http-web");
+    }
+    assert_ne!(web[0]["source"], web[1]["source"]);
+    assert_no_target_labels("in-process", &page);
+    let info = series_of(&page, "hoist_build_info");
+    assert_eq!(info.len(), 1, "{page}");
+    assert_eq!(info[0]["mode"], "in-process");
+
+    // The dashboard's variables list every process: the gRPC scaler alone
+    // and `hoist interceptor` export what they come from too.
+    let variables = variable_metrics();
+    assert!(variables.contains("hoist_build_info"), "{variables:?}");
+    let scaler = support::Hoist::start().await;
+    let (_, scaler_page) = scaler.get("/metrics").await;
+    let split = support::Hoist::start_interceptor(load_ok("split", text)).await;
+    let (_, split_page) = split.get("/metrics").await;
+    for (mode, page) in [("scaler", &scaler_page), ("interceptor", &split_page)] {
+        let live = metric_names_on_live_metrics(page);
+        for name in &variables {
+            assert!(
+                live.contains(name),
+                "{mode}: `{name}` is not on /metrics:\n{page}"
+            );
+        }
+        assert_eq!(series_of(page, "hoist_build_info")[0]["mode"], mode);
+        assert_no_target_labels(mode, page);
+    }
+    // The interceptor panels and alerts work on a split interceptor.
+    let split_live = metric_names_on_live_metrics(&split_page);
+    for (source, query) in queries() {
+        if query.contains("hoist_interceptor_") {
+            for name in metric.find_iter(&query).map(|m| m.as_str()) {
+                assert!(
+                    split_live.contains(name),
+                    "{source}: `{name}` is not on a split interceptor's /metrics"
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -739,6 +851,79 @@ fn the_alert_rules_pass_promtool() {
     std::fs::write(&file, broken.to_string()).unwrap();
     let output = run("promtool", &["check", "rules", file.to_str().unwrap()]);
     assert!(!output.status.success());
+}
+
+/// The alerts' `promtool test rules` cases (tests/data), against the
+/// shipped rules.
+fn promtool_unit_tests(spec: &Value) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.json"), spec.to_string()).unwrap();
+    let cases = dir.path().join("prometheusrule.test.yaml");
+    std::fs::copy(root().join("tests/data/prometheusrule.test.yaml"), &cases).unwrap();
+    run("promtool", &["test", "rules", cases.to_str().unwrap()])
+}
+
+#[test]
+fn every_alert_fires_when_it_must_and_stays_silent_on_healthy_series() {
+    let rule = prometheus_rule();
+    let output = promtool_unit_tests(&rule["spec"]);
+    succeeded(
+        "promtool test rules tests/data/prometheusrule.test.yaml",
+        &output,
+    );
+    // Every alert has both kinds of case.
+    let cases: Value = json(
+        &yaml_rust2::YamlLoader::load_from_str(
+            &std::fs::read_to_string(root().join("tests/data/prometheusrule.test.yaml")).unwrap(),
+        )
+        .unwrap()[0],
+    );
+    let mut firing = BTreeSet::new();
+    let mut silent = BTreeSet::new();
+    for test in cases["tests"].as_array().unwrap() {
+        for case in test["alert_rule_test"].as_array().unwrap() {
+            let alert = case["alertname"].as_str().unwrap().to_string();
+            let fires = case["exp_alerts"].as_array().is_some_and(|a| !a.is_empty());
+            if fires { &mut firing } else { &mut silent }.insert(alert);
+        }
+    }
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for alert in group["rules"].as_array().unwrap() {
+            let name = alert["alert"].as_str().unwrap();
+            assert!(firing.contains(name), "{name}: no case where it fires");
+            assert!(
+                silent.contains(name),
+                "{name}: no case where it stays silent"
+            );
+            assert!(
+                alert["annotations"]["description"]
+                    .as_str()
+                    .is_some_and(|d| d.len() > 40),
+                "{name}: its description does not say what it means"
+            );
+        }
+    }
+    // The cases can fail: the push-stream alert as it was (streams opened
+    // lately, not streams open now) fires on streams open for hours.
+    let mut was = rule["spec"].clone();
+    for alert in was["groups"][0]["rules"].as_array_mut().unwrap() {
+        if alert["alert"] == "HoistPushStreamsDown" {
+            alert["expr"] = Value::String(
+                "sum by (namespace, job) (hoist_tracked_triggers) > 0 and sum by (namespace, job) (rate(hoist_grpc_requests_total{method=\"StreamIsActive\"}[15m])) == 0".into(),
+            );
+        }
+    }
+    let output = promtool_unit_tests(&was);
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!output.status.success(), "{report}");
+    assert!(
+        report.contains("push streams open for hours stay silent"),
+        "{report}"
+    );
 }
 
 /// `buildah` with storage of its own under `dir`.

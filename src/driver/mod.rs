@@ -1193,34 +1193,41 @@ impl std::fmt::Debug for TriggerValues {
     }
 }
 
+/// The labels of one trigger's series. None is named like a label
+/// Prometheus attaches to the scrape target (`namespace`, `pod`, `job`,
+/// `instance`): under the default `honor_labels: false` it would be
+/// renamed `exported_*`. `source` tells two triggers of one ScaledObject
+/// apart where `metric` does not (`requestRate` and `concurrency` on one
+/// route are both `http-<route>`); it is the poller's description, which
+/// never holds a secret, and the `source` of `hoist_poll_errors_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TriggerLabels {
-    namespace: String,
+    scaled_object_namespace: String,
     scaled_object: String,
     scaler: &'static str,
     metric: String,
+    source: String,
 }
 
 impl Collector for TriggerValues {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut values = encoder.encode_descriptor(
-            "hoist_trigger_value",
-            "Each trigger's latest value (absent while its source is failing)",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        // An edited ScaledObject briefly has its old and new trigger with the
-        // same labels; a series must appear once: the most recently asked wins.
+        // Triggers with the same labels read the same source for the same
+        // measure: one series, the most recently asked one's value (an
+        // edited ScaledObject briefly has its old and new trigger).
         let mut series: HashMap<TriggerLabels, (u64, f64)> = HashMap::new();
+        let mut without_value: i64 = 0;
         for tracked in self.0.tracked() {
             let Some(value) = tracked.latest().value() else {
+                without_value += 1;
                 continue;
             };
+            let trigger = &tracked.config.trigger;
             let labels = TriggerLabels {
-                namespace: tracked.key.namespace.clone(),
+                scaled_object_namespace: tracked.key.namespace.clone(),
                 scaled_object: tracked.key.name.clone(),
-                scaler: tracked.config.trigger.scaler,
-                metric: tracked.config.trigger.metric_name.clone(),
+                scaler: trigger.scaler,
+                metric: trigger.metric_name.clone(),
+                source: trigger.query.description.clone(),
             };
             let seen = tracked.last_seen_ms.load(Ordering::Relaxed);
             let slot = series.entry(labels).or_insert((seen, value));
@@ -1228,9 +1235,24 @@ impl Collector for TriggerValues {
                 *slot = (seen, value);
             }
         }
+        let mut values = encoder.encode_descriptor(
+            "hoist_trigger_value",
+            "Each trigger's latest value (absent while its source is failing)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
         for (labels, (_, value)) in series {
             ConstGauge::new(value).encode(values.encode_family(&labels)?)?;
         }
+        // Counted here, not from the series above: alerts compare no
+        // series counts, which merged triggers would skew.
+        let missing = encoder.encode_descriptor(
+            "hoist_triggers_without_value",
+            "Tracked triggers with no value now: their first poll has not ended, or their source's latest poll failed",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        ConstGauge::new(without_value).encode(missing)?;
         Ok(())
     }
 }
