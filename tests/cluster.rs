@@ -268,6 +268,32 @@ async fn a_manual_scale_is_where_the_next_step_starts() {
 }
 
 #[tokio::test]
+async fn an_outside_scale_is_seen_at_once_not_at_the_next_interval() {
+    // 50 jobs at 5 each want 10, and 10 run; evaluated once a minute, and
+    // the test waits at most LIMIT (15 s).
+    let World {
+        redis: _redis,
+        api,
+        hoist,
+        worker,
+    } = world(
+        50,
+        50,
+        10,
+        &[("maxReplicaCount", "50"), ("pollingInterval", "60")],
+    )
+    .await;
+    replicas_become(&hoist, &worker, 10.0).await;
+    let reads = api.scale_reads();
+    // `kubectl scale --replicas 3`: the Deployment's generation moves and
+    // the engine steps from 3 now (ACA: 3 → 6 → 10), so the HPA's next
+    // sync does not take the answer computed from 10 and jump to 10.
+    api.set_scale("deployments", "orders", "worker", 3, 3);
+    replicas_become(&hoist, &worker, 6.0).await;
+    assert!(api.scale_reads() > reads, "read again on the change");
+}
+
+#[tokio::test]
 async fn statefulsets_and_custom_resources_are_counted_through_their_scale() {
     let redis = RedisServer::start();
     fill(&redis, "db", 25);

@@ -6,6 +6,7 @@
 //! the engine must too.
 
 mod object;
+mod targets;
 mod token_review;
 mod trigger_auth;
 
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use object::{ScaleTarget, ScaledObjectView};
+pub use targets::TargetChange;
 pub use token_review::{Review, ReviewError, TokenReviewer};
 pub use trigger_auth::{AuthenticationKind, AuthenticationRef, ResolvedAuth, TriggerAuthError};
 
@@ -122,6 +124,8 @@ pub struct Cluster {
     jobs: Store<DynamicObject>,
     jobs_listed: tokio::sync::watch::Sender<bool>,
     jobs_error: Arc<Mutex<Option<String>>>,
+    /// Scale targets whose desired count may have changed.
+    target_changes: broadcast::Sender<TargetChange>,
     /// With `kubernetes.trigger_authentication`: what resolves triggers'
     /// `authenticationRef`.
     trigger_auth: Option<trigger_auth::TriggerAuthStores>,
@@ -217,7 +221,9 @@ impl Cluster {
             jobs,
             jobs_listed: tokio::sync::watch::Sender::new(false),
             jobs_error: jobs_error.clone(),
+            target_changes: broadcast::channel(CHANGE_BACKLOG).0,
         });
+        targets::start(&client, cluster.target_changes.clone(), &cancel);
         {
             let (changes, listed) = (cluster.changes.clone(), cluster.jobs_listed.clone());
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &scaled_jobs());
@@ -351,6 +357,12 @@ impl Cluster {
     /// Every ScaledObject the watch has.
     pub fn all_scaled_objects(&self) -> Vec<Arc<DynamicObject>> {
         self.objects.state()
+    }
+
+    /// Scale targets (Deployments, StatefulSets) whose spec changed, from
+    /// now on.
+    pub fn target_changes(&self) -> broadcast::Receiver<TargetChange> {
+        self.target_changes.subscribe()
     }
 
     /// The watch's changes from now on.

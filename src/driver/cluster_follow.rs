@@ -96,6 +96,34 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
     }
 }
 
+/// Re-evaluates an engine at once when its scale target changes outside.
+pub(super) async fn follow_targets(driver: Driver, cluster: Arc<Cluster>) {
+    let mut changes = cluster.target_changes();
+    let cancel = driver.inner.cancel.clone();
+    loop {
+        let change = tokio::select! {
+            _ = cancel.cancelled() => return,
+            change = changes.recv() => change,
+        };
+        match change {
+            Ok(change) => {
+                for scaling in driver.scalings() {
+                    if scaling.scales(&change.namespace, change.kind, &change.name) {
+                        scaling.target_changed();
+                    }
+                }
+            }
+            // Fell behind: any target may have changed.
+            Err(RecvError::Lagged(_)) => {
+                for scaling in driver.scalings() {
+                    scaling.target_changed();
+                }
+            }
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
 /// The routes each ScaledObject declares, and its age.
 #[derive(Default)]
 struct DeclaredRoutes {

@@ -514,6 +514,10 @@ impl Driver {
             if let Some(routes) = &self.inner.routes {
                 routes.follow_cluster();
             }
+            tokio::spawn(cluster_follow::follow_targets(
+                self.clone(),
+                cluster.clone(),
+            ));
             tokio::spawn(cluster_follow::follow(self.clone(), cluster));
         }
     }

@@ -170,6 +170,9 @@ pub struct Scaling {
     insight: Mutex<Insight>,
     /// Warnings last posted as an Event, and when.
     warned: Mutex<(Vec<String>, Millis)>,
+    /// The scale target changed outside: evaluate now, whatever the
+    /// interval.
+    target_moved: std::sync::atomic::AtomicBool,
     /// Since when, and why, the engine has answered `CountUnknown`: the
     /// Event posted meanwhile may have been lost with the API, so another
     /// says how long it lasted once the count is known again.
@@ -211,6 +214,7 @@ impl Scaling {
             insight: Mutex::new(Insight::default()),
             warned: Mutex::new((Vec::new(), 0)),
             unknown_since: Mutex::new(None),
+            target_moved: std::sync::atomic::AtomicBool::new(false),
             changed: start.changed,
             metrics: start.metrics,
             wake: Arc::new(Notify::new()),
@@ -286,6 +290,24 @@ impl Scaling {
     /// Wakes the engine (an interval of one of its triggers changed).
     pub fn poke(&self) {
         self.wake.notify_one();
+    }
+
+    /// Whether this engine's ScaledObject scales `kind` `namespace/name`
+    /// (as its ScaledObject last read says).
+    pub fn scales(&self, namespace: &str, kind: &str, name: &str) -> bool {
+        self.namespace == namespace
+            && lock(&self.last_object)
+                .as_ref()
+                .is_some_and(|object| object.target.kind == kind && object.target.name == name)
+    }
+
+    /// The target changed outside (`kubectl scale`, the HPA applying a
+    /// step): read its count and decide again now, not at the interval's
+    /// end, so KEDA's next answer already steps from what runs.
+    pub fn target_changed(&self) {
+        lock(&self.reads).last_attempt = None;
+        self.target_moved.store(true, Ordering::Relaxed);
+        self.poke();
     }
 
     /// The latest answer, if any.
@@ -369,7 +391,8 @@ impl Scaling {
                 .is_some_and(|end| now >= end);
             let interval_over = last.is_none_or(|at| now >= at.saturating_add(self.wait(interval)));
             let wanted = pending || (periodic && last.is_some());
-            let due = (wanted && (interval_over || at_zero)) || cooldown_over;
+            let target_moved = self.target_moved.swap(false, Ordering::Relaxed);
+            let due = (wanted && (interval_over || at_zero || target_moved)) || cooldown_over;
             if due
                 && object.is_err()
                 && let Counting::Cluster(cluster) = &self.counting

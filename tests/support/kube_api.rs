@@ -27,7 +27,19 @@ use tokio_stream::wrappers::BroadcastStream;
 
 /// A resource served with list and watch: (path segments of its
 /// cluster-wide list, apiVersion, kind, namespaced).
-const COLLECTIONS: [(&[&str], &str, &str, bool); 5] = [
+const COLLECTIONS: [(&[&str], &str, &str, bool); 7] = [
+    (
+        &["apis", "apps", "v1", "deployments"],
+        "apps/v1",
+        "Deployment",
+        true,
+    ),
+    (
+        &["apis", "apps", "v1", "statefulsets"],
+        "apps/v1",
+        "StatefulSet",
+        true,
+    ),
     (
         &["apis", "keda.sh", "v1alpha1", "scaledobjects"],
         "keda.sh/v1alpha1",
@@ -291,10 +303,38 @@ impl FakeApi {
     /// Sets a target's `/scale`: `plural` is `deployments`,
     /// `statefulsets` or a custom resource's plural.
     pub fn set_scale(&self, plural: &str, namespace: &str, name: &str, spec: i64, status: i64) {
-        self.lock().scales.insert(
+        let before = self.lock().scales.insert(
             (plural.to_string(), namespace.to_string(), name.to_string()),
             (spec, status),
         );
+        // Deployments and StatefulSets are objects too: a new
+        // `spec.replicas` moves their `metadata.generation`, as the API's.
+        if matches!(plural, "deployments" | "statefulsets") {
+            let generation = {
+                let state = self.lock();
+                let old = state
+                    .objects
+                    .get(plural)
+                    .and_then(|objects| objects.get(&(namespace.to_string(), name.to_string())))
+                    .and_then(|object| object["metadata"]["generation"].as_i64())
+                    .unwrap_or(0);
+                if before.is_some_and(|(old_spec, _)| old_spec == spec) {
+                    old.max(1)
+                } else {
+                    old + 1
+                }
+            };
+            self.put_object(
+                plural,
+                namespace,
+                name,
+                json!({
+                    "metadata": {"generation": generation},
+                    "spec": {"replicas": spec},
+                    "status": {"replicas": status},
+                }),
+            );
+        }
     }
 
     /// Serves a custom kind with a scale subresource in discovery.

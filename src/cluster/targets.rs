@@ -1,0 +1,117 @@
+//! Outside changes of scale targets, seen at once: a metadata-only watch
+//! of Deployments and StatefulSets (a change of `spec.replicas`, by the
+//! HPA, `kubectl scale` or a rollout, moves `metadata.generation`). The
+//! engine reads `/scale` at most once per interval; without this, after a
+//! manual scale the HPA's next sync would take an answer computed from the
+//! old count. Work follows changes: one small event per changed target,
+//! whatever the number of ScaledObjects.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// A scale target whose desired count may have changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetChange {
+    pub namespace: String,
+    /// `Deployment` or `StatefulSet`.
+    pub kind: &'static str,
+    pub name: String,
+}
+
+/// Starts the watches; changes go to `changes`. A watch the API refuses
+/// (no RBAC for it) is logged once: engines then read at their interval.
+pub(super) fn start(
+    client: &kube::Client,
+    changes: broadcast::Sender<TargetChange>,
+    cancel: &CancellationToken,
+) {
+    watch::<Deployment>(client, "Deployment", changes.clone(), cancel.clone());
+    watch::<StatefulSet>(client, "StatefulSet", changes, cancel.clone());
+}
+
+fn watch<K>(
+    client: &kube::Client,
+    kind: &'static str,
+    changes: broadcast::Sender<TargetChange>,
+    cancel: CancellationToken,
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    // `PartialObjectMeta` makes every request metadata-only.
+    let api: Api<PartialObjectMeta<K>> = Api::all(client.clone());
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        // Generations last seen: only a spec change is news.
+        let generations: Mutex<HashMap<(String, String), i64>> = Mutex::new(HashMap::new());
+        let mut failing = false;
+        loop {
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return,
+                next = stream.next() => next,
+            };
+            let Some(event) = next else { return };
+            match event {
+                Ok(event) => {
+                    if std::mem::take(&mut failing) {
+                        info!(kind, "watching scale targets again");
+                    }
+                    if let Some(change) = changed(kind, &event, &generations) {
+                        let _ = changes.send(change);
+                    }
+                }
+                Err(error) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        warn!(kind, %error, "cannot watch scale targets: engines read their count once per interval (grant list/watch on deployments and statefulsets for outside changes at once)");
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The target an event changed, when its generation moved (or it is new
+/// after the first list, or gone).
+fn changed<K>(
+    kind: &'static str,
+    event: &watcher::Event<PartialObjectMeta<K>>,
+    generations: &Mutex<HashMap<(String, String), i64>>,
+) -> Option<TargetChange> {
+    let (meta, deleted) = match event {
+        watcher::Event::Apply(object) => (&object.metadata, false),
+        watcher::Event::InitApply(object) => (&object.metadata, false),
+        watcher::Event::Delete(object) => (&object.metadata, true),
+        watcher::Event::Init | watcher::Event::InitDone => return None,
+    };
+    let key = (meta.namespace.clone()?, meta.name.clone()?);
+    let mut generations = generations.lock().unwrap_or_else(|e| e.into_inner());
+    let moved = if deleted {
+        generations.remove(&key).is_some()
+    } else {
+        let generation = meta.generation.unwrap_or_default();
+        let before = generations.insert(key.clone(), generation);
+        // The first list only learns what is there.
+        before.is_some_and(|before| before != generation)
+            || (before.is_none() && matches!(event, watcher::Event::Apply(_)))
+    };
+    moved.then_some(TargetChange {
+        namespace: key.0,
+        kind,
+        name: key.1,
+    })
+}
