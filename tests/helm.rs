@@ -795,6 +795,27 @@ fn bad_values_fail_the_render_with_a_reason() {
     assert!(!docs.iter().any(|doc| name(doc).contains("interceptor")));
 }
 
+#[test]
+fn without_a_state_volume_engine_state_lives_in_memory_not_on_the_read_only_root() {
+    let docs = render_with("state:\n  enabled: false\n");
+    let scaler = named(&docs, "Deployment", "hoist");
+    let settings = load_ok("state.enabled=false", config_text(&docs, scaler));
+    assert_eq!(
+        settings.state_path(),
+        None,
+        "state_file = \"\": memory only, no writes to the read-only root"
+    );
+    let docs = render_with("");
+    let settings = load_ok(
+        "defaults",
+        config_text(&docs, named(&docs, "Deployment", "hoist")),
+    );
+    assert_eq!(
+        settings.state_path().map(|p| p.display().to_string()),
+        Some("/var/lib/hoist/state.json".to_string())
+    );
+}
+
 /// `helm template hoist` in `keda` with these values (YAML text).
 fn render_with(values: &str) -> Vec<Yaml> {
     let dir = tempfile::tempdir().unwrap();

@@ -237,6 +237,9 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 {{- $generated := dict "grpc" $grpc "admin" $admin "shutdown" (dict "drain_delay" .Values.drainDelay) -}}
 {{- if .Values.state.enabled -}}
 {{- $_ := set $generated "state_file" (printf "%s/state.json" .Values.state.mountPath) -}}
+{{- else -}}
+{{- /* No volume: engine state in memory only, instead of hoist's default path on a read-only root (a warning every save). */ -}}
+{{- $_ := set $generated "state_file" "" -}}
 {{- end -}}
 {{- $auth := dict -}}
 {{- range $profile, $params := .Values.auth -}}
