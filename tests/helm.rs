@@ -816,6 +816,35 @@ fn without_a_state_volume_engine_state_lives_in_memory_not_on_the_read_only_root
     );
 }
 
+#[test]
+fn the_cluster_domain_is_a_value_not_a_constant() {
+    let docs = render_with("clusterDomain: corp.internal\ninterceptor:\n  mode: split\n");
+    let scaler = load_ok(
+        "scaler",
+        config_text(&docs, named(&docs, "Deployment", "hoist")),
+    );
+    assert_eq!(
+        scaler.interceptor.endpoints,
+        ["hoist-interceptor.keda.svc.corp.internal:9091"]
+    );
+    assert_eq!(scaler.interceptor.cluster_domain, "corp.internal");
+    let interceptor = load_ok(
+        "interceptor",
+        config_text(&docs, named(&docs, "Deployment", "hoist-interceptor")),
+    );
+    assert_eq!(
+        interceptor.interceptor.scaler.as_deref(),
+        Some("hoist.keda.svc.corp.internal:9091")
+    );
+    assert_eq!(interceptor.interceptor.cluster_domain, "corp.internal");
+    let in_process = render_with("clusterDomain: corp.internal\ninterceptor:\n  mode: inProcess\n");
+    let settings = load_ok(
+        "in-process",
+        config_text(&in_process, named(&in_process, "Deployment", "hoist")),
+    );
+    assert_eq!(settings.interceptor.cluster_domain, "corp.internal");
+}
+
 /// `helm template hoist` in `keda` with these values (YAML text).
 fn render_with(values: &str) -> Vec<Yaml> {
     let dir = tempfile::tempdir().unwrap();

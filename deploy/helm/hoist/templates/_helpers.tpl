@@ -264,10 +264,17 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
       "cluster_object_namespace" .Values.kubernetes.clusterObjectNamespace) -}}
 {{- end -}}
 {{- if eq $mode "inProcess" -}}
-{{- $_ := set $generated "interceptor" (include "hoist.proxySettings" . | fromJson) -}}
+{{- $proxy := include "hoist.proxySettings" . | fromJson -}}
+{{- if ne .Values.clusterDomain "cluster.local" -}}
+{{- $_ := set $proxy "cluster_domain" .Values.clusterDomain -}}
+{{- end -}}
+{{- $_ := set $generated "interceptor" $proxy -}}
 {{- else if eq $mode "split" -}}
-{{- $endpoint := printf "%s.%s.svc.cluster.local:%v" (include "hoist.interceptorName" .) .Release.Namespace .Values.ports.admin -}}
+{{- $endpoint := printf "%s.%s.svc.%s:%v" (include "hoist.interceptorName" .) .Release.Namespace .Values.clusterDomain .Values.ports.admin -}}
 {{- $section := dict "endpoints" (list $endpoint) "read_timeout" .Values.interceptor.readTimeout -}}
+{{- if ne .Values.clusterDomain "cluster.local" -}}
+{{- $_ := set $section "cluster_domain" .Values.clusterDomain -}}
+{{- end -}}
 {{- if include "hoist.channelTLS" . -}}
 {{- $dir := include "hoist.channelTLSDir" . -}}
 {{- $_ := set $section "tls" (dict
@@ -300,7 +307,10 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 {{- end -}}
 {{- $proxy := include "hoist.proxySettings" . | fromJson -}}
 {{- /* Follows the routes ScaledObjects declare, from the scaler's admin port. */ -}}
-{{- $_ := set $proxy "scaler" (printf "%s.%s.svc.cluster.local:%v" (include "hoist.fullname" .) .Release.Namespace .Values.ports.admin) -}}
+{{- $_ := set $proxy "scaler" (printf "%s.%s.svc.%s:%v" (include "hoist.fullname" .) .Release.Namespace .Values.clusterDomain .Values.ports.admin) -}}
+{{- if ne .Values.clusterDomain "cluster.local" -}}
+{{- $_ := set $proxy "cluster_domain" .Values.clusterDomain -}}
+{{- end -}}
 {{- with include "hoist.followTLS" . | fromJson -}}
 {{- $_ := set $proxy "tls" . -}}
 {{- end -}}
