@@ -77,6 +77,8 @@ pub struct Metrics {
     /// why (`cluster`: their ScaledObject no longer has them; `reload`:
     /// the reloaded config forbids them).
     pub revoked_triggers: Family<ReasonLabels, Counter>,
+    /// Saves of `state_file` that failed.
+    pub state_save_failures: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -114,6 +116,7 @@ impl Metrics {
             open_streams: Gauge::default(),
             engine_decisions: Family::default(),
             revoked_triggers: Family::default(),
+            state_save_failures: Counter::default(),
         }
     }
 
@@ -152,6 +155,11 @@ impl Metrics {
             "hoist_engine_decisions",
             "Engine evaluations by the reason of their answer (CountUnknown: answered Unavailable)",
             self.engine_decisions.clone(),
+        );
+        registry.register(
+            "hoist_state_save_failures",
+            "Saves of the engine state file (state_file) that failed; the first of a run of failures is logged",
+            self.state_save_failures.clone(),
         );
         registry.register(
             "hoist_revoked_triggers",

@@ -95,6 +95,58 @@ pub fn save(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
     std::fs::rename(&temporary, path)
 }
 
+/// Saves `state_file` for a run: a failure is counted every time and
+/// logged once until a save succeeds again (a read-only root or a full
+/// disk must not log every 10 s).
+pub struct StateSaver {
+    path: std::path::PathBuf,
+    failures: prometheus_client::metrics::counter::Counter,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+/// What a save came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    Saved,
+    /// Failed; `logged`: the first of a run of failures, which is logged.
+    Failed {
+        logged: bool,
+    },
+}
+
+impl StateSaver {
+    pub fn new(
+        path: std::path::PathBuf,
+        failures: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        Self {
+            path,
+            failures,
+            failing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub fn save(&self, snapshot: &Snapshot) -> Saved {
+        use std::sync::atomic::Ordering;
+        match save(&self.path, snapshot) {
+            Ok(()) => {
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!(path = %self.path.display(), "engine state saved again");
+                }
+                Saved::Saved
+            }
+            Err(error) => {
+                self.failures.inc();
+                let logged = !self.failing.swap(true, Ordering::Relaxed);
+                if logged {
+                    tracing::warn!(path = %self.path.display(), %error, "cannot save engine state (logged once until a save succeeds; hoist_state_save_failures_total counts them)");
+                }
+                Saved::Failed { logged }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +183,31 @@ mod tests {
             load(&path),
             Err(PersistError::Version { found: 99, .. })
         ));
+    }
+
+    #[test]
+    fn a_failing_save_is_counted_every_time_and_logged_once_per_run_of_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should be: every save fails.
+        let path = dir.path().join("state.json");
+        std::fs::create_dir(path.with_extension("json.tmp")).unwrap();
+        let failures = prometheus_client::metrics::counter::Counter::default();
+        let saver = StateSaver::new(path.clone(), failures.clone());
+        let snapshot = Snapshot {
+            version: VERSION,
+            ..Default::default()
+        };
+        assert_eq!(saver.save(&snapshot), Saved::Failed { logged: true });
+        assert_eq!(saver.save(&snapshot), Saved::Failed { logged: false });
+        assert_eq!(failures.get(), 2);
+        std::fs::remove_dir(path.with_extension("json.tmp")).unwrap();
+        assert_eq!(saver.save(&snapshot), Saved::Saved);
+        assert!(load(&path).unwrap().is_some());
+        std::fs::create_dir(path.with_extension("json.tmp")).unwrap();
+        assert_eq!(
+            saver.save(&snapshot),
+            Saved::Failed { logged: true },
+            "a new run of failures is logged again"
+        );
     }
 }

@@ -236,6 +236,12 @@ impl Server {
             driver.set_cluster(cluster);
         }
         let state_file = usable_state_file(&settings);
+        let saver = state_file.clone().map(|path| {
+            Arc::new(persist::StateSaver::new(
+                path,
+                metrics.state_save_failures.clone(),
+            ))
+        });
         if let Some(path) = &state_file {
             match persist::load(path) {
                 Ok(Some(snapshot)) => {
@@ -245,9 +251,11 @@ impl Server {
                 Ok(None) => info!(path = %path.display(), "no engine state saved yet"),
                 Err(error) => warn!(%error, "ignoring the state file: engines start fresh"),
             }
+        }
+        if let Some(saver) = &saver {
             tokio::spawn(save_state_on_change(
                 driver.clone(),
-                path.clone(),
+                saver.clone(),
                 cancel.clone(),
             ));
         }
@@ -335,8 +343,8 @@ impl Server {
             .await;
         cancel.cancel();
         stop.cancel();
-        if let Some(path) = &state_file {
-            save_state(&driver, path);
+        if let Some(saver) = &saver {
+            saver.save(&driver.snapshot());
         }
 
         let finished = tokio::time::timeout_at(until, async {
@@ -549,7 +557,11 @@ pub fn decoding_limit(max_metadata_bytes: usize) -> usize {
 const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 const SAVE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(250);
 
-async fn save_state_on_change(driver: Driver, path: std::path::PathBuf, cancel: CancellationToken) {
+async fn save_state_on_change(
+    driver: Driver,
+    saver: Arc<persist::StateSaver>,
+    cancel: CancellationToken,
+) {
     let changes = driver.state_changes();
     loop {
         tokio::select! {
@@ -560,13 +572,7 @@ async fn save_state_on_change(driver: Driver, path: std::path::PathBuf, cancel: 
                 _ = tokio::time::sleep(SAVE_DEBOUNCE) => {}
             },
         }
-        save_state(&driver, &path);
-    }
-}
-
-fn save_state(driver: &Driver, path: &std::path::Path) {
-    if let Err(error) = persist::save(path, &driver.snapshot()) {
-        warn!(path = %path.display(), %error, "cannot save engine state");
+        saver.save(&driver.snapshot());
     }
 }
 
