@@ -10,9 +10,10 @@
 //! cluster access hoist cannot tell callers apart: it tracks their
 //! triggers (reading a source is what any caller could do against the
 //! source itself, within `limits.allowed_sources`), but refuses declared
-//! routes, which change where other people's traffic goes, unless the
-//! channel proves the caller (gRPC mTLS) or the operator says every
-//! caller is trusted (`grpc.trust_callers`, single-tenant or dev only).
+//! routes, which change where other people's traffic goes, and credentials
+//! it holds (auth profiles), unless the channel proves the caller (gRPC
+//! mTLS) or the operator says every caller is trusted
+//! (`grpc.trust_callers`, single-tenant or dev only).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -210,19 +211,22 @@ async fn find_object(
             return Err(CallerError::Unchecked(reason));
         }
     }
-    if let Ok(Some(object)) = cluster.raw_trigger_owner(namespace, name) {
-        return Ok(object);
-    }
-    let (_permit, wait) = match waiting.try_acquire() {
-        Ok(permit) => (Some(permit), wait),
-        Err(_) => (None, Duration::ZERO),
-    };
-    let deadline = tokio::time::Instant::now() + wait;
+    // The permit to wait and the deadline, from the first miss on (the
+    // usual call finds its object at once and takes no permit).
+    let mut waiting_since_miss = None;
     loop {
         let found = cluster.raw_trigger_owner(namespace, name);
         if let Ok(Some(object)) = found {
             return Ok(object);
         }
+        let (_permit, wait, deadline) = waiting_since_miss.get_or_insert_with(|| {
+            let (permit, wait) = match waiting.try_acquire() {
+                Ok(permit) => (Some(permit), wait),
+                Err(_) => (None, Duration::ZERO),
+            };
+            (permit, wait, tokio::time::Instant::now() + wait)
+        });
+        let (wait, deadline) = (*wait, *deadline);
         match tokio::time::timeout_at(deadline, changes.recv()).await {
             Err(_) | Ok(Err(RecvError::Closed)) => {
                 return Err(match found {

@@ -1,12 +1,12 @@
 //! What the driver does as the cluster's ScaledObjects change, following
-//! the watch's changes (work per change, not per tracked trigger):
+//! the watch's changes (work per batch of changes, none on a timer):
 //!
 //! - declared routes are what the ScaledObjects declare, oldest first (see
 //!   [`Registry::set_declared`]), whoever calls;
 //! - a tracked trigger whose ScaledObject is gone, or no longer has its
-//!   metadata, stops (a replayed call cannot keep it alive);
-//! - triggers that take their ScaledObject's `pollingInterval` follow
-//!   its edits.
+//!   metadata, stops (a replayed call cannot keep it alive), and the
+//!   others that take their ScaledObject's `pollingInterval` follow its
+//!   edits (one walk over the tracked triggers per batch of changes).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -68,8 +68,7 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
                 decided = Some(candidates);
             }
         }
-        driver.recheck_callers(&cluster, &changed);
-        driver.refresh_intervals_of(&changed);
+        driver.follow_objects(&cluster, &changed);
         let first = tokio::select! {
             _ = cancel.cancelled() => return,
             change = changes.recv() => change,
@@ -234,20 +233,23 @@ fn routes_declared_by(
 }
 
 impl Driver {
-    /// Stops tracked triggers of changed ScaledObjects that the cluster no
-    /// longer backs: the ScaledObject is gone, or none of its triggers
-    /// carries the tracked metadata. KEDA's next call (if any) is checked
-    /// afresh.
-    pub(super) fn recheck_callers(&self, cluster: &Cluster, changed: &Changed) {
-        let stale: Vec<super::TriggerKey> = self
-            .read_triggers()
-            .values()
-            .filter(|tracked| {
-                changed.includes(&tracked.key.namespace, &tracked.key.name)
-                    && !backed(cluster, &tracked.key)
-            })
-            .map(|tracked| tracked.key.clone())
-            .collect();
+    /// One walk over the triggers of changed ScaledObjects: a trigger the
+    /// cluster no longer backs (its ScaledObject gone, or none of its
+    /// triggers carrying the tracked metadata) stops, and KEDA's next call
+    /// (if any) is checked afresh; the others follow an edited
+    /// `pollingInterval`.
+    pub(super) fn follow_objects(&self, cluster: &Cluster, changed: &Changed) {
+        let mut stale: Vec<super::TriggerKey> = Vec::new();
+        for tracked in self.read_triggers().values() {
+            if !changed.includes(&tracked.key.namespace, &tracked.key.name) {
+                continue;
+            }
+            if backed(cluster, &tracked.key) {
+                self.refresh_interval(tracked);
+            } else {
+                stale.push(tracked.key.clone());
+            }
+        }
         if stale.is_empty() {
             return;
         }

@@ -1099,43 +1099,34 @@ impl Driver {
             .map_or(config.polling_interval, Duration::from_secs)
     }
 
-    /// Follows edits of ScaledObjects' `pollingInterval`: re-schedules the
-    /// pollers of the changed ScaledObjects' triggers that take it.
-    fn refresh_intervals_of(&self, changed: &cluster_follow::Changed) {
-        if self.cluster().is_none() {
+    /// Follows an edit of a ScaledObject's `pollingInterval`: re-schedules
+    /// the trigger's poller when it takes that interval.
+    fn refresh_interval(&self, tracked: &Tracked) {
+        let interval = self.interval_for(&tracked.key, &tracked.config);
+        if interval == tracked.interval() {
             return;
         }
-        let triggers = self.read_triggers();
-        for tracked in triggers.values() {
-            if !changed.includes(&tracked.key.namespace, &tracked.key.name) {
-                continue;
-            }
-            let interval = self.interval_for(&tracked.key, &tracked.config);
-            if interval == tracked.interval() {
-                continue;
-            }
-            info!(
-                namespace = %tracked.key.namespace,
-                scaled_object = %tracked.key.name,
-                interval = ?interval,
-                "polling interval changed"
+        info!(
+            namespace = %tracked.key.namespace,
+            scaled_object = %tracked.key.name,
+            interval = ?interval,
+            "polling interval changed"
+        );
+        tracked
+            .interval_ms
+            .store(interval.as_millis() as u64, Ordering::Relaxed);
+        let query = &tracked.config.trigger.query;
+        if let Some(poller) = self.lock_pollers().get_mut(&query.key) {
+            poller.subscribe(
+                tracked.id,
+                Schedule {
+                    interval,
+                    timeout: tracked.config.timeout,
+                },
             );
-            tracked
-                .interval_ms
-                .store(interval.as_millis() as u64, Ordering::Relaxed);
-            let query = &tracked.config.trigger.query;
-            if let Some(poller) = self.lock_pollers().get_mut(&query.key) {
-                poller.subscribe(
-                    tracked.id,
-                    Schedule {
-                        interval,
-                        timeout: tracked.config.timeout,
-                    },
-                );
-            }
-            if let Some(scaling) = &tracked.scaling {
-                scaling.poke();
-            }
+        }
+        if let Some(scaling) = &tracked.scaling {
+            scaling.poke();
         }
     }
 
