@@ -250,7 +250,7 @@ impl Registry {
     /// Hands every change to this process's interceptor, starting now.
     pub fn serve_locally(&self, apply: LocalApply) {
         let state = self.lock();
-        apply(&routes_in_order(&state));
+        apply(&routes_in_order(&state.declared));
         *self.local.lock().unwrap_or_else(|e| e.into_inner()) = Some(apply);
     }
 
@@ -265,7 +265,7 @@ impl Registry {
         RegistryReport {
             version: state.version,
             settling: state.settling_since.is_some(),
-            routes: declared_in_order(&state)
+            routes: declared_in_order(&state.declared)
                 .into_iter()
                 .map(|declared| DeclaredReport {
                     spec: declared.spec.clone(),
@@ -280,7 +280,10 @@ impl Registry {
     /// settling (for the state file).
     pub fn snapshot(&self) -> (Vec<RouteSpec>, bool) {
         let state = self.lock();
-        (routes_in_order(&state), state.settling_since.is_some())
+        (
+            routes_in_order(&state.declared),
+            state.settling_since.is_some(),
+        )
     }
 
     /// The route `holder` (a trigger's identity) declares. Refused when
@@ -565,11 +568,7 @@ impl Registry {
             }
         }
         let same = state.settling_since.is_none()
-            && routes_in_order(state)
-                == declared_routes_in_order(&declared)
-                    .into_iter()
-                    .cloned()
-                    .collect::<Vec<_>>();
+            && routes_in_order(&state.declared) == routes_in_order(&declared);
         state.declared = declared;
         state.refused = refused;
         state.settling_since = None;
@@ -599,7 +598,7 @@ impl Registry {
     /// refusals are returned), to followers, and to the state file.
     fn publish(&self, state: &mut State) -> BTreeMap<String, String> {
         state.version += 1;
-        let routes = routes_in_order(state);
+        let routes = routes_in_order(&state.declared);
         let skipped = match &*self.local.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(apply) => apply(&routes),
             None => BTreeMap::new(),
@@ -615,23 +614,14 @@ impl Registry {
     }
 }
 
-fn declared_in_order(state: &State) -> Vec<&Declared> {
-    let mut declared: Vec<&Declared> = state.declared.values().collect();
-    declared.sort_by_key(|declared| declared.order);
-    declared
-}
-
-fn declared_routes_in_order(declared: &BTreeMap<String, Declared>) -> Vec<&RouteSpec> {
+fn declared_in_order(declared: &BTreeMap<String, Declared>) -> Vec<&Declared> {
     let mut in_order: Vec<&Declared> = declared.values().collect();
     in_order.sort_by_key(|declared| declared.order);
     in_order
-        .into_iter()
-        .map(|declared| &declared.spec)
-        .collect()
 }
 
-fn routes_in_order(state: &State) -> Vec<RouteSpec> {
-    declared_in_order(state)
+fn routes_in_order(declared: &BTreeMap<String, Declared>) -> Vec<RouteSpec> {
+    declared_in_order(declared)
         .into_iter()
         .map(|d| d.spec.clone())
         .collect()
