@@ -792,12 +792,29 @@ fn store_step(state: &mut State, args: &HpaArgs, replicas: i32, now: Millis) {
         });
         return;
     }
-    if replicas > current {
-        let change = replicas.saturating_sub(current);
-        hpa::store_scale_event(&mut state.scale_up_events, args.scale_up, change, now);
-    } else if replicas < current {
-        let change = current.saturating_sub(replicas);
-        hpa::store_scale_event(&mut state.scale_down_events, args.scale_down, change, now);
+    record_step(
+        state,
+        (args.scale_up, args.scale_down),
+        current,
+        replicas,
+        now,
+    );
+}
+
+/// A step from `from` to `to` replicas joins its direction's event log.
+fn record_step(
+    state: &mut State,
+    (up, down): (&hpa::ScalingRules, &hpa::ScalingRules),
+    from: i32,
+    to: i32,
+    now: Millis,
+) {
+    if to > from {
+        let change = to.saturating_sub(from);
+        hpa::store_scale_event(&mut state.scale_up_events, up, change, now);
+    } else if to < from {
+        let change = from.saturating_sub(to);
+        hpa::store_scale_event(&mut state.scale_down_events, down, change, now);
     }
 }
 
@@ -817,18 +834,15 @@ fn settle_pending_step(state: &mut State, rules: &Rules, spec: u32, now: Millis)
     if rules.behavior.is_none() {
         return;
     }
-    if step.to > step.from && spec > step.from {
-        let change = spec.min(step.to) - step.from;
-        hpa::store_scale_event(&mut state.scale_up_events, &rules.scale_up(), change, now);
+    let applied = if step.to > step.from && spec > step.from {
+        spec.min(step.to)
     } else if step.to < step.from && spec < step.from {
-        let change = step.from - spec.max(step.to);
-        hpa::store_scale_event(
-            &mut state.scale_down_events,
-            &rules.scale_down(),
-            change,
-            now,
-        );
-    }
+        spec.max(step.to)
+    } else {
+        return;
+    };
+    let (up, down) = (rules.scale_up(), rules.scale_down());
+    record_step(state, (&up, &down), step.from, applied, now);
 }
 
 #[cfg(test)]
