@@ -551,6 +551,7 @@ mod tests {
             next_evaluation: 30_000,
             cooldown_ends: Some(300_000),
             stabilization_ends: None,
+            held_for_keda: None,
         };
         assert_eq!(cooldown_running(&decision), None);
         decision.active = false;

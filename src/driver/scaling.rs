@@ -393,15 +393,32 @@ impl Scaling {
             let wanted = pending || (periodic && last.is_some());
             let target_moved = self.target_moved.swap(false, Ordering::Relaxed);
             let due = (wanted && (interval_over || at_zero || target_moved)) || cooldown_over;
+            // Due only because the target moved: if it moved to the
+            // engine's own answer, that is the HPA applying it, not an
+            // outside change.
+            let moved_only = target_moved && !(interval_over || at_zero || cooldown_over);
             if due
                 && object.is_err()
                 && let Counting::Cluster(cluster) = &self.counting
             {
                 // Just started: the watch's first list is on its way.
-                cluster.wait_synced().await;
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    _ = cluster.wait_synced() => {}
+                }
                 object = self.object();
             }
-            if due && let Some(answer) = self.evaluate(&clock, interval, object).await {
+            // A stopped engine publishes nothing more: an evaluation waiting
+            // on the API (up to its timeout) is dropped at once.
+            let evaluated = if due {
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    answer = self.evaluate(&clock, interval, object, moved_only) => answer,
+                }
+            } else {
+                None
+            };
+            if let Some(answer) = evaluated {
                 last = Some(now);
                 // An unknown count is asked again next interval.
                 pending = matches!(answer, Answer::CountUnknown(_));
@@ -461,12 +478,15 @@ impl Scaling {
     }
 
     /// Runs the engine on every trigger's latest reading and the current
-    /// count; `None` while no trigger has a reading yet.
+    /// count; `None` while no trigger has a reading yet, or when
+    /// `moved_only` and the target shows the engine's own answer applied
+    /// (the count is taken, the next decision waits for the interval).
     async fn evaluate(
         &self,
         clock: &Clock,
         interval: Millis,
         object: Result<ScaledObjectView, String>,
+        moved_only: bool,
     ) -> Option<Answer> {
         let metadata = self.rules();
         let (rules, sources) = metadata
@@ -514,6 +534,15 @@ impl Scaling {
                 "the rules from trigger metadata and the ScaledObject do not fit together: {reason}"
             ));
             return Some(self.publish(answer, None, &object, now));
+        }
+        if moved_only
+            && let Ok(Some(observed)) = &counted
+            && self
+                .decision()
+                .is_some_and(|d| d.replicas == observed.spec_replicas)
+        {
+            engine::observe_applied(&mut lock(&self.state), &rules, *observed, now);
+            return None;
         }
         let observed = match counted {
             Ok(observed) => observed,

@@ -186,7 +186,30 @@ pub struct Decision {
     /// When the recommendation holding a stabilized count leaves its
     /// window, while one holds.
     pub stabilization_ends: Option<Millis>,
+    /// On the way to zero, the count still running, which GetMetrics
+    /// reports instead of `replicas` (see [`HOLD_FOR_KEDA_MILLIS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_for_keda: Option<u32>,
 }
+
+impl Decision {
+    /// The count the HPA is told (GetMetrics reports it × target).
+    pub fn reported_replicas(&self) -> u32 {
+        self.held_for_keda.unwrap_or(self.replicas)
+    }
+}
+
+/// How long, at least, a decision to go to zero keeps reporting the count
+/// that runs. Zero is KEDA's step, not the HPA's (KEDA's HPAs have
+/// `minReplicas` ≥ 1): told 0, the HPA's next sync would first take the app
+/// to its minimum, and KEDA's next poll to zero (30 → 1 → 0 where ACA goes
+/// 30 → 0). KEDA polls at the ScaledObject's `pollingInterval` (30 s by
+/// default), which the engine's interval only undercuts when a `behavior`
+/// caps it at 15 s; twice the interval, and at least 60 s, covers its next
+/// poll. If KEDA does not go to zero by then (a ScaledObject
+/// `minReplicaCount` above the engine's), 0 is reported and the HPA goes
+/// to its minimum.
+pub const HOLD_FOR_KEDA_MILLIS: Millis = 60_000;
 
 /// The scale target's replica counts as the cluster reports them (its
 /// `/scale` subresource), which the HPA computes from.
@@ -275,6 +298,7 @@ pub fn decide_observed(
         next_evaluation: cooldown_ends.map_or(next_poll, |end| end.min(next_poll)),
         cooldown_ends: cooldown_ends.filter(|_| !active_now),
         stabilization_ends: None,
+        held_for_keda: None,
     };
 
     let decision = if let (0, Some(fallback)) = (current, fallback.filter(|f| f.replicas > 0)) {
@@ -310,15 +334,28 @@ pub fn decide_observed(
             outcome(0, Reason::Inactive, "no activity".into(), false)
         }
     } else if !active && errors.is_empty() && min == 0 {
-        outcome(
-            0,
-            Reason::Inactive,
-            format!(
-                "no activity for cooldownPeriod ({} s): scaled to zero",
-                rules.cooldown_period
-            ),
-            false,
-        )
+        // Counting from the cluster, `current` is what runs until KEDA's
+        // poll takes it to zero.
+        let cooldown_ended = state
+            .last_active
+            .map_or(now, |at| at.saturating_add(cooldown));
+        let hold = interval.saturating_mul(2).max(HOLD_FOR_KEDA_MILLIS);
+        let held_for_keda = observed
+            .filter(|_| now < cooldown_ended.saturating_add(hold))
+            .map(|_| current);
+        let mut message = format!(
+            "no activity for cooldownPeriod ({} s): scaled to zero",
+            rules.cooldown_period
+        );
+        if let Some(running) = held_for_keda {
+            message.push_str(&format!(
+                " (by KEDA; the HPA is told the {running} running until then)"
+            ));
+        }
+        Decision {
+            held_for_keda,
+            ..outcome(0, Reason::Inactive, message, false)
+        }
     } else {
         let (replicas, reason, message) = scale_from(
             state,
@@ -816,6 +853,15 @@ fn record_step(
         let change = from.saturating_sub(to);
         hpa::store_scale_event(&mut state.scale_down_events, down, change, now);
     }
+}
+
+/// The cluster shows the engine's own last answer applied (the HPA synced
+/// it): the count is taken and the step recorded, but nothing is decided.
+/// The next step waits for the interval: ACA steps once per evaluation,
+/// not once per HPA sync.
+pub fn observe_applied(state: &mut State, rules: &Rules, observed: Observed, now: Millis) {
+    state.current_replicas = observed.spec_replicas;
+    settle_pending_step(state, rules, observed.spec_replicas, now);
 }
 
 /// Records the pending step as a scale event once the cluster's count

@@ -81,11 +81,12 @@ impl ScalerService {
 
     /// What hoist reports for the trigger: the raw value in passthrough
     /// mode; in engine mode `replicas × target`, so that the HPA's
-    /// `ceil(value / target)` lands on the engine's count.
+    /// `ceil(value / target)` lands on the engine's count (on the way to
+    /// zero, the count still running: zero is KEDA's step).
     async fn reported(&self, tracked: &Tracked) -> Result<(f64, bool), RpcError> {
         if tracked.scaling.is_some() {
             let decision = self.decision(tracked).await?;
-            let value = decision.replicas as f64 * tracked.config.trigger.target;
+            let value = decision.reported_replicas() as f64 * tracked.config.trigger.target;
             return Ok((value, decision.active));
         }
         let (value, activity) = self.value(tracked).await?;

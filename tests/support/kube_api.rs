@@ -92,6 +92,8 @@ struct ApiState {
     events: Vec<Value>,
     scale_reads: u64,
     down: bool,
+    /// Requests wait unanswered while set.
+    hung: bool,
     /// TokenReview: valid tokens → (user, audiences they were issued for).
     tokens: BTreeMap<String, (String, Vec<String>)>,
     token_reviews: u64,
@@ -119,7 +121,14 @@ impl FakeApi {
         let (shared, sender) = (state.clone(), live.clone());
         let app = axum::Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
             let (state, live) = (shared.clone(), sender.clone());
-            async move { handle(&state, &live, method, uri, body) }
+            async move {
+                // A hung API server: the request waits, unanswered, for
+                // as long as the hang lasts.
+                while state.lock().unwrap().hung {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                handle(&state, &live, method, uri, body)
+            }
         });
         tokio::spawn(async move { axum::serve(listener, app).await });
         let dir = tempfile::tempdir().unwrap();
@@ -348,6 +357,19 @@ impl FakeApi {
 
     pub fn set_down(&self, down: bool) {
         self.lock().down = down;
+    }
+
+    /// Every request waits, unanswered, until `set_hung(false)`.
+    pub fn set_hung(&self, hung: bool) {
+        self.lock().hung = hung;
+    }
+
+    /// A target's `/scale` as set last: (`spec.replicas`, `status.replicas`).
+    pub fn scale(&self, plural: &str, namespace: &str, name: &str) -> Option<(i64, i64)> {
+        self.lock()
+            .scales
+            .get(&(plural.to_string(), namespace.to_string(), name.to_string()))
+            .copied()
     }
 
     pub fn forbid_scale(&self, forbid: bool) {
