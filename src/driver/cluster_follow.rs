@@ -106,7 +106,7 @@ pub(super) async fn follow_targets(driver: Driver, cluster: Arc<Cluster>) {
         };
         match change {
             Ok(change) => {
-                for scaling in driver.scalings() {
+                for scaling in driver.scalings_in(&change.namespace) {
                     if scaling.scales(&change.namespace, change.kind, &change.name) {
                         scaling.target_changed();
                     }

@@ -7,7 +7,7 @@ mod poller;
 mod reading;
 mod scaling;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -447,7 +447,9 @@ struct Inner {
     triggers: RwLock<Triggers>,
     pollers: Mutex<HashMap<String, Poller>>,
     /// Engine-mode ScaledObjects by (namespace, name). Locked after `pollers`.
-    scalings: Mutex<HashMap<(String, String), Arc<Scaling>>>,
+    /// Ordered by namespace, so a target's change finds its namespace's
+    /// engines without walking every engine.
+    scalings: Mutex<BTreeMap<(String, String), Arc<Scaling>>>,
     /// Engine state restored from `state_file`, waiting for its
     /// ScaledObject to be seen again.
     restored: Mutex<std::collections::BTreeMap<String, crate::engine::State>>,
@@ -491,7 +493,7 @@ impl Driver {
                 metrics,
                 triggers: RwLock::new(HashMap::default()),
                 pollers: Mutex::new(HashMap::new()),
-                scalings: Mutex::new(HashMap::new()),
+                scalings: Mutex::new(BTreeMap::new()),
                 restored: Mutex::new(Default::default()),
                 cluster: std::sync::OnceLock::new(),
                 changed,
@@ -996,6 +998,16 @@ impl Driver {
         self.lock_scalings().values().cloned().collect()
     }
 
+    /// The engines of one namespace's ScaledObjects.
+    pub fn scalings_in(&self, namespace: &str) -> Vec<Arc<Scaling>> {
+        let from = (namespace.to_string(), String::new());
+        self.lock_scalings()
+            .range(from..)
+            .take_while(|((ns, _), _)| ns == namespace)
+            .map(|(_, scaling)| scaling.clone())
+            .collect()
+    }
+
     pub fn clock(&self) -> Clock {
         self.inner.clock
     }
@@ -1154,7 +1166,7 @@ impl Driver {
         self.inner.pollers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_scalings(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Scaling>>> {
+    fn lock_scalings(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Arc<Scaling>>> {
         self.inner
             .scalings
             .lock()
