@@ -139,6 +139,11 @@ pub struct ConfigSource {
     overrides: Overrides,
     /// The file's content as last loaded (none: unreadable).
     seen: Mutex<Option<Vec<u8>>>,
+    /// A new content read at the end of a settle pause that had not
+    /// settled: if the next poll reads it again, it stood for a whole poll
+    /// interval and is complete. A file rewritten on the poll's own cadence
+    /// never agrees with itself 200 ms later, and would never be taken.
+    unsettled: Mutex<Option<Option<Vec<u8>>>>,
 }
 
 impl ConfigSource {
@@ -155,6 +160,7 @@ impl ConfigSource {
             env: env.into_iter().collect(),
             overrides,
             seen,
+            unsettled: Mutex::new(None),
         }
     }
 
@@ -176,17 +182,32 @@ impl ConfigSource {
     }
 
     /// Whether the file's content differs from the last loaded, and has
-    /// settled.
+    /// settled: the same after the settle pause, or the same as the
+    /// unsettled content the last poll ended on.
     async fn changed(&self) -> bool {
         let Some(file) = &self.file else {
             return false;
         };
         let now = tokio::fs::read(file).await.ok();
         if now == *self.seen.lock().unwrap_or_else(|e| e.into_inner()) {
+            *self.unsettled.lock().unwrap_or_else(|e| e.into_inner()) = None;
             return false;
         }
+        let unsettled = self
+            .unsettled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if unsettled.as_ref() == Some(&now) {
+            return true;
+        }
         tokio::time::sleep(SETTLE).await;
-        tokio::fs::read(file).await.ok() == now
+        let again = tokio::fs::read(file).await.ok();
+        if again == now {
+            return true;
+        }
+        *self.unsettled.lock().unwrap_or_else(|e| e.into_inner()) = Some(again);
+        false
     }
 }
 

@@ -343,6 +343,42 @@ async fn a_changed_file_is_seen_once_and_a_reload_notes_what_it_read() {
     assert!(!scaler.reloader.source.changed().await);
 }
 
+/// A file rewritten on the poll's own cadence, each write landing inside
+/// the settle pause, is taken at the next poll: what the last pause ended
+/// on stood for a whole poll interval.
+#[tokio::test(start_paused = true)]
+async fn a_file_rewritten_every_poll_is_taken_once_it_stood_a_poll() {
+    let scaler = Scaler::start().await;
+    let version = |n: u32| format!("[limits]\nmax_tracked_triggers = {n}\n");
+    scaler.write(&version(1));
+    let source = &scaler.reloader.source;
+    let writes = async {
+        // 100 ms into each poll's settle pause, another version.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for n in 2.. {
+            scaler.write(&version(n));
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+    };
+    let polls = async {
+        let mut taken_at = None;
+        for poll in 0..3 {
+            if source.changed().await {
+                taken_at = Some(poll);
+                break;
+            }
+            // The rest of the poll interval.
+            tokio::time::sleep(POLL_EVERY - SETTLE).await;
+        }
+        taken_at
+    };
+    let taken_at = tokio::select! {
+        taken_at = polls => taken_at,
+        () = writes => unreachable!(),
+    };
+    assert_eq!(taken_at, Some(1), "taken at the second poll");
+}
+
 #[tokio::test]
 async fn raising_the_metadata_limit_past_the_start_value_is_named_for_a_restart() {
     let scaler = Scaler::start().await;
