@@ -227,6 +227,25 @@ async fn oversized_headers_get_431() {
     assert!(large.starts_with("HTTP/1.1 431"), "{large}");
 }
 
+/// More than 100 header fields, however small, get 431 from hoist itself
+/// (the HTTP library's count cap, documented): the route's app is down, so
+/// a request hoist had parsed would be held for its cold start instead.
+#[tokio::test]
+async fn more_than_a_hundred_header_fields_get_431_from_hoist() {
+    let down = AppPort::reserve();
+    let mut settings = web_to(down.addr);
+    settings.interceptor.cold_start_timeout = Duration::from_secs(60);
+    let hoist = Hoist::start_with(settings).await;
+    let proxy = hoist.http_proxy.unwrap();
+    let mut head = "GET / HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n".to_string();
+    for i in 0..99 {
+        head.push_str(&format!("X-{i}: 1\r\n"));
+    }
+    head.push_str("\r\n");
+    let answer = exchange(proxy, head.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+}
+
 #[tokio::test]
 async fn connections_past_max_connections_are_closed_and_counted() {
     let web = upstream().await;

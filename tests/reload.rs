@@ -341,6 +341,18 @@ async fn a_configmap_update_adds_routes_while_held_requests_and_upgrades_carry_o
         "{:?}",
         status.restart_needed
     );
+    // The reload says what it added, as it says what it removes.
+    let logs = hoist.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("route added") && l.contains("route=c")),
+        "{logs}"
+    );
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("TCP route listener opened") && l.contains(&db_listen.to_string())),
+        "{logs}"
+    );
 }
 
 #[tokio::test]

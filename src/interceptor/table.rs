@@ -424,9 +424,16 @@ impl RouteControl {
                 Some(_) => {}
             }
         }
+        // Logged as removals are: what a reload (or a declaration) added.
+        for (name, new) in &upstreams {
+            if !live.upstreams.contains_key(name) {
+                info!(route = %name, upstream = %new.address, "route added");
+            }
+        }
         live.tcp.retain(|key, listening| {
             let keep = tcp_targets.contains_key(key);
             if !keep {
+                info!(listen = %listening.bound, "TCP route listener closed");
                 listening.stop.cancel();
             }
             keep
@@ -442,6 +449,7 @@ impl RouteControl {
                 continue;
             };
             if let Some(listening) = self.serve_tcp(key.0, listener, upstream.clone(), &defaults) {
+                info!(route = %upstream.route, listen = %listening.bound, "TCP route listener opened");
                 live.tcp.insert(key, listening);
             }
         }
