@@ -246,33 +246,83 @@ async fn more_than_a_hundred_header_fields_get_431_from_hoist() {
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
 }
 
+/// A connection from `ip` (any loopback address: Linux routes all of
+/// 127.0.0.0/8 to `lo`).
+async fn connect_from(ip: [u8; 4], to: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((ip, 0))).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// Reads what the server sends until it closes.
+async fn read_all(stream: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 #[tokio::test]
-async fn connections_past_max_connections_are_closed_and_counted() {
+async fn connections_past_a_cap_get_503_and_are_counted() {
     let web = upstream().await;
     let mut settings = web_to(web);
-    settings.interceptor.max_connections = 2;
+    settings.interceptor.max_connections = 4;
+    settings.interceptor.max_connections_per_client = Some(2);
     let hoist = Hoist::start_with(settings).await;
     let proxy = hoist.http_proxy.unwrap();
-    let _first = TcpStream::connect(proxy).await.unwrap();
-    let _second = TcpStream::connect(proxy).await.unwrap();
-    eventually(PATIENCE, "two connections open", || async {
-        metric_line(&hoist, "hoist_interceptor_connections{")
+    let open_now = |count: usize| {
+        let hoist = &hoist;
+        async move {
+            eventually(PATIENCE, &format!("{count} connections open"), || async {
+                metric_line(hoist, "hoist_interceptor_connections{")
+                    .await
+                    .is_some_and(|line| line.ends_with(&format!(" {count}")))
+            })
             .await
-            .is_some_and(|line| line.ends_with(" 2"))
-    })
-    .await;
-    let mut third = TcpStream::connect(proxy).await.unwrap();
-    let mut buffer = [0u8; 1];
-    let read = tokio::time::timeout(PATIENCE, third.read(&mut buffer))
+        }
+    };
+    // One address: its share (2), then 503 — others still get in.
+    let _one = connect_from([127, 0, 0, 1], proxy).await;
+    let _two = connect_from([127, 0, 0, 1], proxy).await;
+    open_now(2).await;
+    let mut third = connect_from([127, 0, 0, 1], proxy).await;
+    third
+        .write_all(b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n")
         .await
-        .expect("closed at accept");
-    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        .unwrap();
+    let answer = read_all(&mut third).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    let answer = exchange_from([127, 0, 0, 2], proxy).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "another address: {answer}"
+    );
+
+    // The listener full (4): 503 for anyone, before a request is sent.
+    let _three = connect_from([127, 0, 0, 3], proxy).await;
+    let _four = connect_from([127, 0, 0, 4], proxy).await;
+    open_now(4).await;
+    let mut fifth = connect_from([127, 0, 0, 5], proxy).await;
+    let answer = read_all(&mut fifth).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert_eq!(
         metric_line(&hoist, "hoist_interceptor_connections_refused_total{")
             .await
             .as_deref(),
-        Some("hoist_interceptor_connections_refused_total{listener=\"http\"} 1")
+        Some("hoist_interceptor_connections_refused_total{listener=\"http\"} 2")
     );
+}
+
+/// One request from `ip`, and the whole answer.
+async fn exchange_from(ip: [u8; 4], proxy: SocketAddr) -> String {
+    let mut stream = connect_from(ip, proxy).await;
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    read_all(&mut stream).await
 }
 
 #[tokio::test]

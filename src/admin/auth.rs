@@ -8,7 +8,7 @@
 //! for (TokenReview) whose user is in `admin.auth.allowed_callers`.
 //! No token and no review result is ever logged.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use axum::extract::connect_info::{ConnectInfo, Connected};
@@ -26,7 +26,14 @@ use crate::logging::Summary;
 use crate::tls::TlsListener;
 
 /// TokenReview failures are logged once per this interval.
-static REVIEW_FAILING: Summary = Summary::new(Duration::from_secs(30));
+static REVIEW_FAILING: LazyLock<Summary> = LazyLock::new(|| {
+    Summary::new(Duration::from_secs(30), |count| {
+        warn!(
+            count,
+            "admin port: still cannot check callers' tokens; answering 503"
+        );
+    })
+});
 
 /// What a connection proved in its TLS handshake.
 #[derive(Debug, Clone, Copy, Default)]

@@ -48,9 +48,13 @@ pub struct InterceptorSettings {
     /// Most bytes of request headers (HTTP/1.1: the whole head; HTTP/2:
     /// the header list); more get a 431.
     pub max_header_bytes: usize,
-    /// Open client connections per listener at most; more are closed as
-    /// they are accepted (and counted).
+    /// Open client connections per listener at most; more are refused as
+    /// they are accepted (HTTP: 503; counted).
     pub max_connections: usize,
+    /// Open client connections one address may hold per listener; unset:
+    /// half of what the listener can hold, so that one client never takes
+    /// every place.
+    pub max_connections_per_client: Option<usize>,
     /// HTTP/2 streams one client connection may have open at once.
     pub http2_max_concurrent_streams: u32,
     /// How often an HTTP/2 client connection is pinged; one that does not
@@ -173,6 +177,7 @@ impl Default for InterceptorSettings {
             idle_timeout: Duration::from_secs(30),
             max_header_bytes: 64 * 1024,
             max_connections: 10_000,
+            max_connections_per_client: None,
             http2_max_concurrent_streams: 250,
             http2_keepalive_interval: Duration::from_secs(20),
             http2_keepalive_timeout: Duration::from_secs(20),
@@ -336,6 +341,10 @@ impl InterceptorSettings {
         let at_least_one = [
             ("interceptor.max_held_per_route", self.max_held_per_route),
             ("interceptor.max_connections", self.max_connections),
+            (
+                "interceptor.max_connections_per_client",
+                self.max_connections_per_client.unwrap_or(1),
+            ),
             (
                 "interceptor.http2_max_concurrent_streams",
                 self.http2_max_concurrent_streams as usize,

@@ -6,6 +6,7 @@
 //! run before and not every trigger has declared its own again) the routes
 //! it lacks stay in force too.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -23,7 +24,14 @@ use crate::token_file::TokenFile;
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Failures to reach the scaler are logged once per this interval.
-static UNREACHABLE: Summary = Summary::new(Duration::from_secs(30));
+static UNREACHABLE: LazyLock<Summary> = LazyLock::new(|| {
+    Summary::new(Duration::from_secs(30), |count| {
+        warn!(
+            count,
+            "still cannot read the scaler's route table; keeping the last one"
+        );
+    })
+});
 
 /// Where the follower stands, for the interceptor's admin report.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -28,6 +28,7 @@ use super::Routes;
 use super::counters::{InFlight, RouteCounters};
 use super::deadline::{Activity, Deadlines};
 use super::http1_pool::{Http1Pool, SendError};
+use super::refusal::refuse;
 use super::request_path;
 use super::upstream::{Upstream, UpstreamError};
 use crate::listen::ConnectionLimit;
@@ -214,8 +215,9 @@ pub async fn serve(
             _ = shutdown.cancelled() => break,
             accepted = crate::listen::accept(&listener, "interceptor HTTP") => accepted,
         };
-        // Past the cap the connection is closed at once (and counted).
-        let Some(permit) = connections.admit() else {
+        // Past a cap the client is told 503 (counted and logged).
+        let Ok(permit) = connections.admit(peer.ip()) else {
+            refuse(stream);
             continue;
         };
         // A reload's limits apply to connections accepted after it.

@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod follow;
 mod http;
 mod http1_pool;
+mod refusal;
 pub mod report;
 mod request_path;
 pub mod route_metrics;

@@ -146,7 +146,7 @@ impl prometheus_client::collector::Collector for RouteTraffic {
         }
         let mut refused = encoder.encode_descriptor(
             "hoist_interceptor_connections_refused",
-            "Client connections closed at accept: the listener's max_connections or the process's descriptors were used up",
+            "Client connections refused at accept (HTTP: 503): the listener's max_connections, a client address's max_connections_per_client, or the process's descriptors were used up",
             None,
             MetricType::Counter,
         )?;

@@ -26,7 +26,7 @@ use super::http::{ClientLimits, HttpRoute, HttpRouter};
 use super::upstream::{Closing, Upstream};
 use super::{InterceptorError, RouteInfo, RouteSet, Routes, tcp};
 use crate::config::{HostOverrides, InterceptorSettings};
-use crate::listen::ConnectionLimit;
+use crate::listen::{ConnectionCaps, ConnectionLimit};
 use crate::routing::{Claim, Listen, Protocol, RouteSpec};
 
 /// What a route takes from the interceptor's settings when it sets
@@ -37,7 +37,7 @@ pub struct RouteDefaults {
     pub cold_start_timeout: Duration,
     pub response_timeout: Duration,
     pub max_held_per_route: usize,
-    pub max_connections: usize,
+    pub connections: ConnectionCaps,
     /// Where declared routes' upstreams may not connect.
     pub fence: Fence,
     pub hosts: HostOverrides,
@@ -50,7 +50,10 @@ impl From<&InterceptorSettings> for RouteDefaults {
             cold_start_timeout: settings.cold_start_timeout,
             response_timeout: settings.response_timeout,
             max_held_per_route: settings.max_held_per_route,
-            max_connections: settings.max_connections,
+            connections: ConnectionCaps {
+                max: settings.max_connections,
+                per_client: settings.max_connections_per_client,
+            },
             fence: Fence::from(settings),
             hosts: settings.host_overrides.clone(),
         }
@@ -193,10 +196,10 @@ impl RouteControl {
     /// The connection cap of a listener, within the process-wide budget.
     pub(super) fn listener_limit(&self, listener: String) -> Arc<ConnectionLimit> {
         let mut live = self.lock();
-        let max = live.defaults().max_connections;
+        let caps = live.defaults().connections;
         let limit = Arc::new(ConnectionLimit::new(
             listener,
-            max,
+            caps,
             self.inner.open.clone(),
             self.inner.budget,
         ));
@@ -441,7 +444,7 @@ impl RouteControl {
         for (key, upstream) in &tcp_targets {
             if let Some(listening) = live.tcp.get(key) {
                 listening.target.store(upstream.clone());
-                listening.limit.set_max(defaults.max_connections);
+                listening.limit.set_caps(defaults.connections);
             }
         }
         for (key, listener) in bound_now {
@@ -454,7 +457,7 @@ impl RouteControl {
             }
         }
         if let Some(limit) = &live.http_limit {
-            limit.set_max(defaults.max_connections);
+            limit.set_caps(defaults.connections);
         }
         self.inner.routes.replace(RouteSet {
             routes: infos,
@@ -488,7 +491,7 @@ impl RouteControl {
         };
         let limit = Arc::new(ConnectionLimit::new(
             format!("tcp:{}", upstream.route),
-            defaults.max_connections,
+            defaults.connections,
             self.inner.open.clone(),
             self.inner.budget,
         ));

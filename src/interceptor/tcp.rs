@@ -1,7 +1,7 @@
 //! The TCP interceptor: one listener per route, bytes copied both ways,
 //! connections counted and held through an upstream's cold start.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,7 +18,11 @@ use crate::listen::ConnectionLimit;
 use crate::logging::Summary;
 
 /// Refused connections of every route: one line per interval, with a count.
-static NOT_FORWARDED: Summary = Summary::new(Duration::from_secs(10));
+static NOT_FORWARDED: LazyLock<Summary> = LazyLock::new(|| {
+    Summary::new(Duration::from_secs(10), |count| {
+        warn!(count, "more connections not forwarded");
+    })
+});
 
 /// What a held client may send before its upstream is reached; past this
 /// the client waits (TCP flow control) like any slow server's client.
@@ -46,8 +50,9 @@ pub async fn serve(
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = crate::listen::accept(&listener, &label) => accepted,
         };
-        // Past the cap the connection is closed at once (and counted).
-        let Some(permit) = limit.admit() else {
+        // Past a cap the connection is closed at once (counted and
+        // logged): a TCP route has no protocol to say why in.
+        let Ok(permit) = limit.admit(peer.ip()) else {
             continue;
         };
         let upstream = target.load_full();

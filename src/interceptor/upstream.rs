@@ -120,6 +120,20 @@ impl Upstream {
         max_held: usize,
         counters: Arc<RouteCounters>,
     ) -> Self {
+        let (refused, timed_out, denied) = {
+            let (r1, r2, r3) = (route.clone(), route.clone(), route.clone());
+            (
+                Summary::new(SUMMARY_EVERY, move |refused| {
+                    info!(route = %r1, refused, "more requests refused: too many held");
+                }),
+                Summary::new(SUMMARY_EVERY, move |timed_out| {
+                    info!(route = %r2, timed_out, "more held requests reached the cold start timeout");
+                }),
+                Summary::new(SUMMARY_EVERY, move |count| {
+                    warn!(route = %r3, setting = "interceptor.denied_networks", count, "more upstream connections denied");
+                }),
+            )
+        };
         Self {
             route,
             address,
@@ -134,9 +148,9 @@ impl Upstream {
             last_error: Mutex::new(String::new()),
             closing: CancellationToken::new(),
             closed_for: Mutex::new(Closing::ShuttingDown),
-            refused: Summary::new(SUMMARY_EVERY),
-            timed_out: Summary::new(SUMMARY_EVERY),
-            denied: Summary::new(SUMMARY_EVERY),
+            refused,
+            timed_out,
+            denied,
             dialer: Dialer::default(),
         }
     }
