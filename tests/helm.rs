@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use hoist::config::{AuthValue, Settings};
+use hoist::routing::{Listen, Owner, Protocol, RouteRules, RouteSpec};
 use manifests::*;
 use yaml_rust2::Yaml;
 
@@ -743,6 +744,16 @@ fn bad_values_fail_the_render_with_a_reason() {
             "interceptor:\n  mode: split\n  tcpRoutes:\n    - { name: db, listen: \"0.0.0.0:9091\", upstream: db:5432 }\n",
             "port 9091 is used twice",
         ),
+        (
+            "interceptor:\n  mode: inProcess\n  declaredTcpPorts: [9090]\n",
+            "port 9090 is used twice",
+        ),
+        // The chart renders allowed_listen_ports from declaredTcpPorts:
+        // one given beside it could allow ports the Service does not have.
+        (
+            "interceptor:\n  mode: split\n  config:\n    interceptor:\n      allowed_listen_ports: { shop: [\"16000\"] }\n",
+            "interceptor.config.interceptor.allowed_listen_ports: list the ports in interceptor.declaredTcpPorts",
+        ),
         // mTLS needs a certificate on each side of the channel.
         (
             "interceptor:\n  mode: split\n  tls:\n    serverSecretName: interceptor-tls\n",
@@ -843,6 +854,94 @@ fn the_cluster_domain_is_a_value_not_a_constant() {
         config_text(&in_process, named(&in_process, "Deployment", "hoist")),
     );
     assert_eq!(settings.interceptor.cluster_domain, "corp.internal");
+}
+
+/// A TCP route ScaledObject `shop/db` declares with `listenPort: port`.
+fn declared_tcp_route(port: u16) -> RouteSpec {
+    let owner = Owner {
+        namespace: "shop".to_string(),
+        name: "db".to_string(),
+    };
+    RouteSpec {
+        name: RouteSpec::declared_name(Protocol::Tcp, &owner),
+        protocol: Protocol::Tcp,
+        owner: Some(owner),
+        hosts: Vec::new(),
+        path_prefix: None,
+        listen: Some(Listen::Port(port)),
+        upstream: "db.shop.svc.cluster.local:5432".to_string(),
+        upstream_http2: false,
+        cold_start_timeout: None,
+        response_timeout: None,
+    }
+}
+
+/// Whether hoist, with `settings`, takes a declared TCP route on `port`;
+/// a refusal must name the setting that refuses it.
+fn takes_declared_port(source: &str, settings: &Settings, port: u16) -> bool {
+    let rules = RouteRules {
+        interceptor: settings.interceptor.clone(),
+        config_routes: Vec::new(),
+    };
+    match rules.allows(&declared_tcp_route(port)) {
+        Ok(()) => true,
+        Err(refused) => {
+            assert!(
+                refused
+                    .to_string()
+                    .contains("interceptor.allowed_listen_ports"),
+                "{source}: port {port}: {refused}"
+            );
+            false
+        }
+    }
+}
+
+#[test]
+fn declared_tcp_ports_are_on_the_proxy_service_and_are_the_only_ones_hoist_takes() {
+    for mode in ["inProcess", "split"] {
+        let docs = render_with(&format!(
+            "interceptor:\n  mode: {mode}\n  declaredTcpPorts: [15000, 15010]\n  tcpRoutes:\n    - {{ name: db, listen: \"0.0.0.0:5432\", upstream: db.default.svc.cluster.local:5432 }}\n"
+        ));
+        // Service ports land on the proxies' container ports (and the
+        // NetworkPolicy names them): checked for every port here.
+        check_consistency(mode, &docs);
+        let proxy = named(&docs, "Service", "hoist-interceptor-proxy");
+        let proxies = named(
+            &docs,
+            "Deployment",
+            if mode == "split" {
+                "hoist-interceptor"
+            } else {
+                "hoist"
+            },
+        );
+        let policy = named(&docs, "NetworkPolicy", name(proxies));
+        for port in [5432, 15000, 15010] {
+            let port_name = format!("tcp-{port}");
+            assert_eq!(service_ports(proxy)[&port_name].0, port, "{mode}");
+            assert_eq!(container_ports(container(proxies))[&port_name], port);
+            assert_eq!(allowed_from(policy, &port_name), None, "anyone's traffic");
+        }
+        // Whoever decides on declared routes (the scaler, and a split
+        // interceptor checking the scaler's table) takes those ports only.
+        for deployment in kind(&docs, "Deployment") {
+            let source = format!("{mode}: {}", name(deployment));
+            let settings = deployment_settings(&docs, deployment);
+            assert!(takes_declared_port(&source, &settings, 15000));
+            assert!(takes_declared_port(&source, &settings, 15010));
+            assert!(!takes_declared_port(&source, &settings, 15001), "{source}");
+            assert!(!takes_declared_port(&source, &settings, 5433), "{source}");
+        }
+        // None listed: no declared TCP route at all (hoist's own default
+        // would take any port from 1024, which no Service reaches).
+        let docs = render_with(&format!("interceptor:\n  mode: {mode}\n"));
+        for deployment in kind(&docs, "Deployment") {
+            let source = format!("{mode} without declaredTcpPorts: {}", name(deployment));
+            let settings = deployment_settings(&docs, deployment);
+            assert!(!takes_declared_port(&source, &settings, 15000), "{source}");
+        }
+    }
 }
 
 /// `helm template hoist` in `keda` with these values (YAML text).
