@@ -46,10 +46,16 @@ fn helm(args: &[&str]) -> Output {
 
 /// `helm template` of the chart; `values` are files relative to the crate.
 fn render(release: &str, namespace: &str, values: &[&str]) -> Vec<Yaml> {
+    render_args(release, namespace, values, &[])
+}
+
+/// `render` with more arguments for `helm template` (`--api-versions`).
+fn render_args(release: &str, namespace: &str, values: &[&str], extra: &[&str]) -> Vec<Yaml> {
     let mut args = vec!["template", release, CHART, "--namespace", namespace];
     for file in values {
         args.extend(["--values", file]);
     }
+    args.extend(extra);
     let output = helm(&args);
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(
@@ -854,6 +860,133 @@ fn the_cluster_domain_is_a_value_not_a_constant() {
         config_text(&in_process, named(&in_process, "Deployment", "hoist")),
     );
     assert_eq!(settings.interceptor.cluster_domain, "corp.internal");
+}
+
+/// What `helm template` is told the cluster serves: the Prometheus
+/// Operator's API.
+const OPERATOR_API: [&str; 2] = ["--api-versions", "monitoring.coreos.com/v1"];
+
+fn monitors(docs: &[Yaml]) -> Vec<&Yaml> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Monitor")))
+        .collect()
+}
+
+/// Each Deployment's pods are scraped by exactly one monitor, on the
+/// container port its config's admin listener is, over TLS exactly when
+/// that listener has it (checked against the serving Secret's CA, for the
+/// name the chart requires the certificate to carry).
+fn check_monitors(source: &str, docs: &[Yaml]) {
+    let monitors = monitors(docs);
+    let deployments = kind(docs, "Deployment");
+    assert_eq!(monitors.len(), deployments.len(), "{source}");
+    for deployment in deployments {
+        let pods = pod_labels(deployment);
+        let settings = deployment_settings(docs, deployment);
+        let admin_port = i64::from(settings.admin.listen.port());
+        let scraping: Vec<(&Yaml, &Yaml)> = monitors
+            .iter()
+            .filter_map(|monitor| {
+                let selector = labels(&monitor["spec"]["selector"]["matchLabels"]);
+                let service = monitor["kind"].as_str() == Some("ServiceMonitor");
+                let endpoint = &monitor["spec"][if service {
+                    "endpoints"
+                } else {
+                    "podMetricsEndpoints"
+                }][0];
+                let port = endpoint["port"].as_str().unwrap();
+                let reaches = if service {
+                    // Through a Service it selects that has the port.
+                    kind(docs, "Service").into_iter().any(|svc| {
+                        selects(&selector, &labels(&svc["metadata"]["labels"]))
+                            && selects(&labels(&svc["spec"]["selector"]), &pods)
+                            && service_ports(svc)
+                                .get(port)
+                                .is_some_and(|(number, target)| {
+                                    *number == admin_port
+                                        && container_ports(container(deployment)).get(target)
+                                            == Some(&admin_port)
+                                })
+                    })
+                } else {
+                    selects(&selector, &pods)
+                        && container_ports(container(deployment)).get(port) == Some(&admin_port)
+                };
+                reaches.then_some((*monitor, endpoint))
+            })
+            .collect();
+        assert_eq!(scraping.len(), 1, "{source}: {}", name(deployment));
+        let (monitor, endpoint) = scraping[0];
+        assert_eq!(endpoint["path"].as_str(), Some("/metrics"));
+        // hoist's labels never collide with the target's (tests/validate.rs
+        // checks every series): the target's `namespace` and `pod` stay.
+        assert_eq!(endpoint["honorLabels"].as_bool(), Some(false));
+        assert_eq!(
+            strings(&monitor["spec"]["namespaceSelector"]["matchNames"]),
+            [monitor["metadata"]["namespace"].as_str().unwrap()]
+        );
+        match &settings.admin.tls {
+            None => assert_eq!(endpoint["scheme"].as_str(), Some("http"), "{source}"),
+            Some(tls) => {
+                assert_eq!(endpoint["scheme"].as_str(), Some("https"), "{source}");
+                let (serving, _) = volume_holding(deployment, tls.cert_file.to_str().unwrap());
+                let ca = &endpoint["tlsConfig"]["ca"]["secret"];
+                assert_eq!(ca["name"], serving["secret"]["secretName"], "{source}");
+                assert_eq!(ca["key"].as_str(), Some("ca.crt"));
+                assert_eq!(
+                    endpoint["tlsConfig"]["serverName"].as_str(),
+                    Some(format!("{}.keda.svc", name(deployment)).as_str())
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn monitors_scrape_every_hoist_process_where_the_prometheus_operator_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let split = file("split.yaml", "interceptor:\n  mode: split\n");
+    let pods = file("pods.yaml", "monitoring:\n  kind: PodMonitor\n");
+    let (tls, _) = values_file("split-tls-auth-values.yaml");
+    let (in_process, _) = values_file("in-process-values.yaml");
+    // `auto`: none where the cluster does not serve the API.
+    assert!(monitors(&render("hoist", "keda", &[&split])).is_empty());
+    for values in [
+        vec![],
+        vec![split.as_str()],
+        vec![split.as_str(), pods.as_str()],
+        vec![tls.as_str()],
+        vec![tls.as_str(), pods.as_str()],
+        vec![in_process.as_str()],
+    ] {
+        let release = if values.contains(&in_process.as_str()) {
+            "edge"
+        } else {
+            "hoist"
+        };
+        let docs = render_args(release, "keda", &values, &OPERATOR_API);
+        check_monitors(&format!("{values:?}"), &docs);
+    }
+    // Forced either way, and labelled for a Prometheus' selector.
+    let off = file("off.yaml", "monitoring:\n  enabled: false\n");
+    assert!(monitors(&render_args("hoist", "keda", &[&off], &OPERATOR_API)).is_empty());
+    let on = file(
+        "on.yaml",
+        "monitoring:\n  enabled: true\n  labels: { release: kube-prometheus-stack }\n",
+    );
+    let docs = render("hoist", "keda", &[&on, &split]);
+    check_monitors("enabled: true", &docs);
+    for monitor in monitors(&docs) {
+        assert_eq!(
+            labels(&monitor["metadata"]["labels"])["release"],
+            "kube-prometheus-stack"
+        );
+    }
 }
 
 /// A TCP route ScaledObject `shop/db` declares with `listenPort: port`.

@@ -597,7 +597,17 @@ fn series_of(text: &str, metric: &str) -> Vec<BTreeMap<String, String>> {
 
 /// Labels Prometheus attaches to every scraped sample: a hoist label of
 /// the same name would be renamed `exported_*` (`honor_labels: false`).
-const TARGET_LABELS: [&str; 4] = ["namespace", "pod", "job", "instance"];
+/// The chart's ServiceMonitor adds `service`, `endpoint` and `container`
+/// (a PodMonitor all but `service`).
+const TARGET_LABELS: [&str; 7] = [
+    "namespace",
+    "pod",
+    "job",
+    "instance",
+    "service",
+    "endpoint",
+    "container",
+];
 
 /// Every hoist sample on `page` keeps its labels through a scrape.
 fn assert_no_target_labels(mode: &str, page: &str) {
@@ -815,6 +825,29 @@ fn the_alert_rules_pass_promtool() {
             && alerts.contains("HoistConfigReloadRefused")
     );
     // The Prometheus Operator's schema for the whole object.
+    let object = dir.path().join("rule.json");
+    std::fs::write(&object, rule.to_string()).unwrap();
+    succeeded("the PrometheusRule schema", &operator_schema(&[&object]));
+    let mut wrong = rule.clone();
+    wrong["spec"]["groups"][0]["rules"][0]["for"] = serde_json::json!(600);
+    std::fs::write(&object, wrong.to_string()).unwrap();
+    assert!(
+        !operator_schema(&[&object]).status.success(),
+        "`for` must be a string"
+    );
+    // promtool refuses a broken expression: the check can fail.
+    let mut broken = rule["spec"].clone();
+    broken["groups"][0]["rules"][0]["expr"] =
+        Value::String("rate(hoist_poll_errors_total[5m]".into());
+    std::fs::write(&file, broken.to_string()).unwrap();
+    let output = run("promtool", &["check", "rules", file.to_str().unwrap()]);
+    assert!(!output.status.success());
+}
+
+/// scripts/prometheus-operator-schema.mjs on these JSON files: the
+/// Prometheus Operator's schema (npm's @kubernetes-models/prometheus-operator,
+/// which scripts/test.sh installs) and its declared field names.
+fn operator_schema(files: &[&Path]) -> Output {
     let modules = std::env::var("HOIST_TEST_NODE_MODULES").unwrap_or_else(|_| {
         root()
             .join("target/test-tools/node_modules")
@@ -827,30 +860,111 @@ fn the_alert_rules_pass_promtool() {
             .is_dir(),
         "no @kubernetes-models/prometheus-operator in {modules}: scripts/test.sh installs it"
     );
-    let object = dir.path().join("rule.json");
-    std::fs::write(&object, rule.to_string()).unwrap();
-    let schema = |file: &Path| {
-        run(
-            "node",
-            &[
-                "scripts/prometheusrule-schema.mjs",
-                &modules,
-                file.to_str().unwrap(),
-            ],
-        )
+    let mut args = vec!["scripts/prometheus-operator-schema.mjs", modules.as_str()];
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    run("node", &args)
+}
+
+/// The chart's ServiceMonitors and PodMonitors (`monitoring.enabled:
+/// true`), of each kind, with the defaults, in split mode and with each
+/// `ci/` values file (admin TLS, the interceptors' mTLS channel).
+fn chart_monitors() -> Vec<(String, Value)> {
+    let dir = tempfile::tempdir().unwrap();
+    let values = |file: &str, text: &str| {
+        let path = dir.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
     };
-    succeeded("the PrometheusRule schema", &schema(&object));
-    let mut wrong = rule.clone();
-    wrong["spec"]["groups"][0]["rules"][0]["for"] = serde_json::json!(600);
-    std::fs::write(&object, wrong.to_string()).unwrap();
-    assert!(!schema(&object).status.success(), "`for` must be a string");
-    // promtool refuses a broken expression: the check can fail.
-    let mut broken = rule["spec"].clone();
-    broken["groups"][0]["rules"][0]["expr"] =
-        Value::String("rate(hoist_poll_errors_total[5m]".into());
-    std::fs::write(&file, broken.to_string()).unwrap();
-    let output = run("promtool", &["check", "rules", file.to_str().unwrap()]);
+    let kinds = [
+        values("service.yaml", "monitoring:\n  enabled: true\n"),
+        values(
+            "pod.yaml",
+            "monitoring:\n  enabled: true\n  kind: PodMonitor\n",
+        ),
+    ];
+    let mut modes = vec![
+        None,
+        Some(values("split.yaml", "interceptor:\n  mode: split\n")),
+    ];
+    for entry in std::fs::read_dir(root().join("deploy/helm/hoist/ci")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().to_string();
+        modes.push(Some(format!("deploy/helm/hoist/ci/{name}")));
+    }
+    let mut monitors = Vec::new();
+    for kind_file in &kinds {
+        for mode in &modes {
+            let mut files = vec![kind_file.as_str()];
+            files.extend(mode.as_deref());
+            for doc in helm_render(&files) {
+                let kind = doc["kind"].as_str().unwrap_or_default();
+                if kind.ends_with("Monitor") {
+                    let source = format!("{files:?}: {kind} {}", name(&doc));
+                    monitors.push((source, json(&doc)));
+                }
+            }
+        }
+    }
+    monitors
+}
+
+#[test]
+fn the_charts_monitors_pass_the_prometheus_operator_schema() {
+    let monitors = chart_monitors();
+    let seen: BTreeSet<(&str, &str)> = monitors
+        .iter()
+        .map(|(_, m)| {
+            (
+                m["kind"].as_str().unwrap(),
+                m["metadata"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for kind in ["ServiceMonitor", "PodMonitor"] {
+        for name in ["hoist", "hoist-interceptor"] {
+            assert!(seen.contains(&(kind, name)), "{kind} {name}: {seen:?}");
+        }
+    }
+    assert!(
+        monitors
+            .iter()
+            .any(|(_, m)| m.to_string().contains("\"https\"")),
+        "a render with admin TLS scrapes over HTTPS"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    let mut sources = Vec::new();
+    for (i, (source, monitor)) in monitors.iter().enumerate() {
+        let file = dir.path().join(format!("{i:02}.json"));
+        std::fs::write(&file, monitor.to_string()).unwrap();
+        sources.push(format!("{}: {source}", file.display()));
+        files.push(file);
+    }
+    let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    succeeded(
+        &format!("the monitors' schema ({})", sources.join("; ")),
+        &operator_schema(&paths),
+    );
+    // The checks can fail: a wrong type, and a misspelt field.
+    let (_, monitor) = &monitors[0];
+    let endpoints = if monitor["kind"] == "ServiceMonitor" {
+        "endpoints"
+    } else {
+        "podMetricsEndpoints"
+    };
+    let bad = dir.path().join("bad.json");
+    let mut wrong = monitor.clone();
+    wrong["spec"][endpoints][0]["honorLabels"] = Value::String("no".into());
+    std::fs::write(&bad, wrong.to_string()).unwrap();
+    assert!(
+        !operator_schema(&[&bad]).status.success(),
+        "a string honorLabels"
+    );
+    let mut misspelt = monitor.clone();
+    misspelt["spec"][endpoints][0]["honorLabel"] = Value::Bool(false);
+    std::fs::write(&bad, misspelt.to_string()).unwrap();
+    let output = operator_schema(&[&bad]);
     assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("honorLabel"));
 }
 
 /// The alerts' `promtool test rules` cases (tests/data), against the
