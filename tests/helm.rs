@@ -845,6 +845,22 @@ fn the_cluster_domain_is_a_value_not_a_constant() {
         ["hoist-interceptor.keda.svc.corp.internal:9091"]
     );
     assert_eq!(scaler.interceptor.cluster_domain, "corp.internal");
+    // The default sources are the cluster's Services, in its domain.
+    assert!(
+        scaler
+            .limits
+            .allowed_sources
+            .contains(&"*.svc.corp.internal:*".to_string())
+    );
+    assert!(
+        !scaler
+            .limits
+            .allowed_sources
+            .iter()
+            .any(|source| source.contains("cluster.local")),
+        "{:?}",
+        scaler.limits.allowed_sources
+    );
     let interceptor = load_ok(
         "interceptor",
         config_text(&docs, named(&docs, "Deployment", "hoist-interceptor")),
@@ -860,6 +876,89 @@ fn the_cluster_domain_is_a_value_not_a_constant() {
         config_text(&in_process, named(&in_process, "Deployment", "hoist")),
     );
     assert_eq!(settings.interceptor.cluster_domain, "corp.internal");
+}
+
+/// Every schema node of values.schema.json that declares properties
+/// refuses the others (`additionalProperties: false`), or types them (an
+/// auth profile's params): the JSON paths of those that take anything.
+fn open_objects(path: &str, schema: &serde_json::Value, out: &mut Vec<String>) {
+    match schema {
+        serde_json::Value::Object(node) => {
+            let others = node.get("additionalProperties");
+            let typed = others.is_some_and(|o| o.as_object().is_some_and(|o| !o.is_empty()));
+            if node.contains_key("properties") && others != Some(&false.into()) && !typed {
+                out.push(path.to_string());
+            }
+            for (key, child) in node {
+                open_objects(&format!("{path}/{key}"), child, out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                open_objects(&format!("{path}/{i}"), child, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_values_schema_refuses_keys_it_does_not_declare() {
+    let text = std::fs::read_to_string(root().join(CHART).join("values.schema.json")).unwrap();
+    let schema: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut open = Vec::new();
+    open_objects("#", &schema, &mut open);
+    assert!(open.is_empty(), "objects taking undeclared keys: {open:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    // A misspelt key at each level fails `helm template` and names the key;
+    // spelt right, the same value renders.
+    let cases = [
+        ("podDisruptionBudget:\n  minAvaliable: 1\n", "minAvaliable"),
+        ("replica: 2\n", "replica"),
+        (
+            "interceptor:\n  declaredTcpPort: [15000]\n",
+            "declaredTcpPort",
+        ),
+        (
+            "interceptor:\n  mode: split\n  httpRoutes:\n    - { name: web, host: web.example.com, upstream: web:80, pathPrefix: / }\n",
+            "pathPrefix",
+        ),
+        (
+            "tls:\n  admin:\n    clientCA:\n      secret: ca\n",
+            "secret",
+        ),
+        ("monitoring:\n  enable: true\n", "enable"),
+        (
+            "securityContext:\n  readOnlyRootFileSystem: true\n",
+            "readOnlyRootFileSystem",
+        ),
+        ("resources:\n  limit:\n    memory: 1Gi\n", "limit"),
+        (
+            "networkPolicy:\n  admin:\n    from:\n      - namespaceSelecter: {}\n",
+            "namespaceSelecter",
+        ),
+    ];
+    for (i, (values, key)) in cases.into_iter().enumerate() {
+        let file = dir.path().join(format!("typo-{i}.yaml"));
+        std::fs::write(&file, values).unwrap();
+        let file = file.to_str().unwrap();
+        for args in [
+            vec!["template", "hoist", CHART, "--values", file],
+            vec!["lint", "--strict", CHART, "--values", file],
+        ] {
+            let output = helm(&args);
+            let report = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(!output.status.success(), "helm {args:?} took {values}");
+            assert!(report.contains(key), "{values}: {report}");
+        }
+    }
+    let docs = render_with("replicas: 2\npodDisruptionBudget:\n  maxUnavailable: 1\n");
+    named(&docs, "PodDisruptionBudget", "hoist");
 }
 
 /// What `helm template` is told the cluster serves: the Prometheus

@@ -250,6 +250,14 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 {{- $_ := unset $config.auth $profile -}}
 {{- end -}}
 {{- end -}}
+{{- /* The cluster's Services are *.svc.<clusterDomain>: the default sources say cluster.local. */ -}}
+{{- if and (ne .Values.clusterDomain "cluster.local") $config.limits $config.limits.allowed_sources -}}
+{{- $sources := list -}}
+{{- range $config.limits.allowed_sources -}}
+{{- $sources = append $sources (replace ".svc.cluster.local:" (printf ".svc.%s:" $.Values.clusterDomain) .) -}}
+{{- end -}}
+{{- $_ := set $config.limits "allowed_sources" $sources -}}
+{{- end -}}
 {{- $mode := include "hoist.interceptorMode" . -}}
 {{- if and (eq $mode "inProcess") (not (hasKey $config "shutdown_grace")) -}}
 {{- $_ := set $config "shutdown_grace" .Values.interceptor.shutdownGrace -}}
