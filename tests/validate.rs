@@ -1,6 +1,7 @@
 //! The shipped manifests against schemas nobody here wrote, and the image
 //! and monitoring files against real tools:
-//! - every manifest, chart render and the KEDA sidecar patch's result
+//! - every manifest, chart render and the KEDA sidecar kustomization's
+//!   build (`kubectl kustomize` over KEDA's own install, offline)
 //!   with `kubernetes-validate --strict` (PyPI) at the oldest and newest
 //!   Kubernetes version it bundles;
 //! - every ScaledObject / ScaledJob / (Cluster)TriggerAuthentication
@@ -14,7 +15,7 @@
 //! - scripts/image.sh's OCI image with `buildah` (Debian): its config, and
 //!   `hoist --version` and `hoist check-config` chrooted into its root.
 //!
-//! scripts/test.sh installs kubernetes-validate, buildah and promtool;
+//! scripts/test.sh installs kubernetes-validate, kubectl, buildah and promtool;
 //! without them these tests fail, they never skip.
 
 #[path = "support/kube_api.rs"]
@@ -76,42 +77,61 @@ fn is_custom(doc: &Yaml) -> bool {
     api.starts_with("keda.sh/") || api.starts_with("monitoring.coreos.com/")
 }
 
-/// Strategic merge as kustomize applies it to a Deployment: maps merge,
-/// lists of named objects (containers, volumes, ports, mounts) merge by
-/// name, anything else is replaced.
-fn strategic_merge(base: &mut Value, patch: &Value) {
-    match (base, patch) {
-        (Value::Object(base), Value::Object(patch)) => {
-            for (key, value) in patch {
-                match base.get_mut(key) {
-                    Some(existing) => strategic_merge(existing, value),
-                    None => {
-                        base.insert(key.clone(), value.clone());
-                    }
-                }
-            }
+/// KEDA's own install (tests/data/keda-install: its `config/default`
+/// rendered) with hoist's sidecar kustomization on top, built by a real
+/// `kubectl kustomize`, offline: the kustomization's pinned release URL is
+/// replaced by a local base holding that manifest. Every object it
+/// outputs, as JSON; built once per test binary.
+fn sidecar_build() -> &'static [Value] {
+    static BUILT: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let keda = dir.path().join("keda");
+        let sidecar = dir.path().join("sidecar");
+        std::fs::create_dir_all(&keda).unwrap();
+        std::fs::create_dir_all(&sidecar).unwrap();
+        std::fs::copy(
+            root().join("tests/data/keda-install/keda-operator-install.yaml"),
+            keda.join("keda.yaml"),
+        )
+        .unwrap();
+        std::fs::write(keda.join("kustomization.yaml"), "resources:\n  - keda.yaml\n").unwrap();
+        for entry in std::fs::read_dir(root().join("deploy/keda-sidecar")).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), sidecar.join(entry.file_name())).unwrap();
         }
-        (Value::Array(base), Value::Array(patch))
-            if patch.iter().all(|item| item.get("name").is_some()) =>
-        {
-            for item in patch {
-                match base.iter_mut().find(|b| b.get("name") == item.get("name")) {
-                    Some(existing) => strategic_merge(existing, item),
-                    None => base.push(item.clone()),
-                }
-            }
-        }
-        (base, patch) => *base = patch.clone(),
-    }
+        let kustomization = sidecar.join("kustomization.yaml");
+        let text = std::fs::read_to_string(&kustomization).unwrap();
+        let remote = regex::Regex::new(r"(?m)^  - https://github\.com/kedacore/keda/releases/download/v[0-9.]+/keda-[0-9.]+\.yaml$").unwrap();
+        assert_eq!(remote.find_iter(&text).count(), 1, "one pinned KEDA release: {text}");
+        std::fs::write(&kustomization, remote.replace(&text, "  - ../keda").as_ref()).unwrap();
+        let kubectl = std::env::var("KUBECTL_BIN").unwrap_or_else(|_| "kubectl".into());
+        let output = run(&kubectl, &["kustomize", sidecar.to_str().unwrap()]);
+        succeeded("kubectl kustomize deploy/keda-sidecar (scripts/layer-tool.sh kubectl installs kubectl)", &output);
+        parse("kubectl kustomize", &String::from_utf8(output.stdout).unwrap())
+            .iter()
+            .map(json)
+            .collect()
+    })
 }
 
 /// KEDA's keda-operator Deployment with hoist's sidecar patch applied.
 fn sidecar_result() -> Value {
-    let base = documents_of("tests/data/keda-operator.yaml");
-    let patch = documents_of("deploy/keda-sidecar/keda-operator-patch.yaml");
-    let mut merged = json(&base[0]);
-    strategic_merge(&mut merged, &json(&patch[0]));
-    merged
+    sidecar_build()
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "keda-operator")
+        .expect("the build holds keda-operator")
+        .clone()
+}
+
+/// A container of a Deployment, by name.
+fn container_named<'a>(deployment: &'a Value, name: &str) -> &'a Value {
+    deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container `{name}`"))
 }
 
 fn documents_of(file: &str) -> Vec<Yaml> {
@@ -148,7 +168,15 @@ fn everything() -> Vec<(String, Value)> {
             all.push((format!("{source}: {}", name(&doc)), json(&doc)));
         }
     }
-    all.push(("keda-operator + sidecar patch".into(), sidecar_result()));
+    // KEDA's whole install with the sidecar kustomization, as built.
+    for object in sidecar_build() {
+        let source = format!(
+            "kubectl kustomize deploy/keda-sidecar: {} {}",
+            object["kind"].as_str().unwrap_or_default(),
+            object["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        all.push((source, object.clone()));
+    }
     // The KEDA chart values' container and volumes are the patch's.
     let values = json(&documents_of("deploy/keda-sidecar/keda-values.yaml")[0]);
     let patched = sidecar_result();
@@ -263,13 +291,91 @@ fn every_manifest_passes_kubernetes_validate_strict_at_the_oldest_and_newest_ver
     // A field no schema declares is refused: the check can fail.
     let bad = dir.path().join("bad.json");
     let mut deployment = sidecar_result();
-    deployment["spec"]["template"]["spec"]["containers"][1]["probes"] = Value::Bool(true);
+    let containers = deployment["spec"]["template"]["spec"]["containers"]
+        .as_array_mut()
+        .unwrap();
+    let hoist = containers
+        .iter_mut()
+        .find(|c| c["name"] == "hoist")
+        .unwrap();
+    hoist["probes"] = Value::Bool(true);
     std::fs::write(&bad, deployment.to_string()).unwrap();
     let output = run(
         "kubernetes-validate",
         &["--strict", "--quiet", "-k", NEWEST, bad.to_str().unwrap()],
     );
     assert!(!output.status.success(), "an unknown field fails");
+}
+
+#[test]
+fn the_sidecar_kustomization_builds_on_kedas_own_install() {
+    let build = sidecar_build();
+    let base = parse(
+        "keda-operator-install.yaml",
+        &std::fs::read_to_string(root().join("tests/data/keda-install/keda-operator-install.yaml"))
+            .unwrap(),
+    );
+    let base_operator = base
+        .iter()
+        .map(json)
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "keda-operator")
+        .unwrap();
+    // Everything KEDA installs is still there, plus hoist's ConfigMap and
+    // RBAC rule.
+    let names = |objects: &mut dyn Iterator<Item = &Value>| -> BTreeSet<String> {
+        objects
+            .map(|o| {
+                format!(
+                    "{} {}",
+                    o["kind"].as_str().unwrap(),
+                    o["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    let built = names(&mut build.iter());
+    let kedas = base.iter().map(json).collect::<Vec<_>>();
+    let missing: Vec<_> = names(&mut kedas.iter())
+        .difference(&built)
+        .cloned()
+        .collect();
+    assert!(missing.is_empty(), "KEDA's objects lost: {missing:?}");
+    assert_eq!(built.len(), kedas.len() + 3, "{built:?}");
+
+    let operator = sidecar_result();
+    let template = &operator["spec"]["template"];
+    // `kubectl logs deploy/keda-operator` shows KEDA's logs, whatever the
+    // merge's container order.
+    assert_eq!(
+        template["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"],
+        "keda-operator"
+    );
+    // KEDA's container is untouched; hoist's is the patch's, with the
+    // image the kustomization names.
+    assert_eq!(
+        container_named(&operator, "keda-operator"),
+        container_named(&base_operator, "keda-operator")
+    );
+    let patch = json(&documents_of("deploy/keda-sidecar/keda-operator-patch.yaml")[0]);
+    let hoist = container_named(&operator, "hoist");
+    assert_eq!(hoist, container_named(&patch, "hoist"));
+    let names_of = |list: &Value| -> BTreeSet<String> {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| v["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let volumes = names_of(&template["spec"]["volumes"]);
+    assert!(names_of(&base_operator["spec"]["template"]["spec"]["volumes"]).is_subset(&volumes));
+    assert!(names_of(&patch["spec"]["template"]["spec"]["volumes"]).is_subset(&volumes));
+    for mount in hoist["volumeMounts"].as_array().unwrap() {
+        assert!(volumes.contains(mount["name"].as_str().unwrap()), "{mount}");
+    }
+    assert_eq!(
+        operator["spec"]["template"]["spec"]["serviceAccountName"], "keda-operator",
+        "hoist runs as KEDA's ServiceAccount (rbac.yaml adds one rule)"
+    );
 }
 
 fn yaml_of(value: &Value) -> Yaml {
