@@ -687,6 +687,23 @@ fn metric_names_on_live_metrics(text: &str) -> BTreeSet<String> {
     names
 }
 
+/// The metrics of a /metrics page as one queries them: a counter with its
+/// `_total`, a histogram by its own name.
+fn metric_families(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .map(|rest| {
+            let mut fields = rest.split_whitespace();
+            let (name, kind_) = (fields.next().unwrap(), fields.next().unwrap_or_default());
+            if kind_ == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            }
+        })
+        .collect()
+}
+
 /// The label sets of `metric`'s samples on a /metrics page.
 fn series_of(text: &str, metric: &str) -> Vec<BTreeMap<String, String>> {
     let label = regex::Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)""#).unwrap();
@@ -893,6 +910,27 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
         }
         assert_eq!(series_of(page, "hoist_build_info")[0]["mode"], mode);
         assert_no_target_labels(mode, page);
+    }
+    // The README's list of metrics (Operating hoist) names every metric
+    // any mode exports.
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let operating = readme
+        .split("\n## Operating hoist\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("README has Operating hoist");
+    for (mode, text) in [
+        ("in-process", &page),
+        ("scaler", &scaler_page),
+        ("interceptor", &split_page),
+    ] {
+        for family in metric_families(text) {
+            let named = regex::Regex::new(&format!(r"\b{family}\b")).unwrap();
+            assert!(
+                named.is_match(operating),
+                "{mode}: `{family}` is on /metrics but not in README's Operating hoist"
+            );
+        }
     }
     // The interceptor panels and alerts work on a split interceptor.
     let split_live = metric_names_on_live_metrics(&split_page);
