@@ -16,7 +16,9 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+mod gssapi_support;
 mod kerberos;
+use gssapi_support::Environment;
 pub mod msk_iam;
 use msk_iam::AwsCredentials;
 
@@ -416,6 +418,7 @@ fn parse(
     _context: &super::Context,
 ) -> Result<Trigger, MetadataError> {
     let config = parse_config(params)?;
+    refuse_unsupported(&config, &Environment::current())?;
     let name = if config.topic.is_empty() {
         format!("kafka-{}-topics", config.consumer_group)
     } else {
@@ -436,6 +439,18 @@ fn parse(
         },
         route: None,
     })
+}
+
+/// A trigger this process cannot serve is refused when it is declared
+/// (the reason reaches KEDA and the ScaledObject's events), not at every
+/// poll with an opaque SASL error.
+fn refuse_unsupported(config: &KafkaConfig, environment: &Environment) -> Result<(), MetadataError> {
+    if let Sasl::Gssapi { .. } = config.sasl
+        && let Some(reason) = environment.gssapi_unsupported()
+    {
+        return Err(MetadataError::invalid("sasl", reason));
+    }
+    Ok(())
 }
 
 /// Committed or latest offsets: topic → partition → offset.
@@ -1060,6 +1075,39 @@ mod tests {
         settings.create::<BaseConsumer>().unwrap();
 
         assert_eq!(settings.get("isolation.level"), Some("read_uncommitted"), "KEDA reads the high watermark");
+    }
+
+    /// In an image without kinit (the FROM-scratch one), a gssapi
+    /// trigger is refused when declared, naming `sasl` and why; other
+    /// mechanisms need nothing from the environment.
+    #[test]
+    fn gssapi_is_refused_where_the_environment_cannot_serve_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = Environment {
+            path: None,
+            sasl_path: None,
+            temp_dir: dir.path().to_path_buf(),
+        };
+        let base = [("bootstrapServers", "127.0.0.1:1"), ("consumerGroup", "g"), ("topic", "t")];
+        let gssapi = config(
+            &base,
+            &[
+                ("sasl", "gssapi"),
+                ("username", "hoist"),
+                ("password", "p"),
+                ("realm", "EXAMPLE.COM"),
+                ("kerberosConfig", "[libdefaults]\n"),
+            ],
+        );
+        match refuse_unsupported(&gssapi, &scratch) {
+            Err(MetadataError::Invalid { key, reason }) => {
+                assert_eq!(key, "sasl");
+                assert!(reason.contains("no `kinit` on PATH"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let scram = config(&base, &[("sasl", "scram_sha512"), ("username", "u"), ("password", "p")]);
+        refuse_unsupported(&scram, &scratch).unwrap();
     }
 
     /// Each SASL mechanism KEDA offers makes a client this librdkafka

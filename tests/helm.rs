@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use hoist::config::{AuthValue, Settings};
+use hoist::routing::{Listen, Owner, Protocol, RouteRules, RouteSpec};
 use manifests::*;
 use yaml_rust2::Yaml;
 
@@ -45,10 +46,16 @@ fn helm(args: &[&str]) -> Output {
 
 /// `helm template` of the chart; `values` are files relative to the crate.
 fn render(release: &str, namespace: &str, values: &[&str]) -> Vec<Yaml> {
+    render_args(release, namespace, values, &[])
+}
+
+/// `render` with more arguments for `helm template` (`--api-versions`).
+fn render_args(release: &str, namespace: &str, values: &[&str], extra: &[&str]) -> Vec<Yaml> {
     let mut args = vec!["template", release, CHART, "--namespace", namespace];
     for file in values {
         args.extend(["--values", file]);
     }
+    args.extend(extra);
     let output = helm(&args);
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(
@@ -743,6 +750,16 @@ fn bad_values_fail_the_render_with_a_reason() {
             "interceptor:\n  mode: split\n  tcpRoutes:\n    - { name: db, listen: \"0.0.0.0:9091\", upstream: db:5432 }\n",
             "port 9091 is used twice",
         ),
+        (
+            "interceptor:\n  mode: inProcess\n  declaredTcpPorts: [9090]\n",
+            "port 9090 is used twice",
+        ),
+        // The chart renders allowed_listen_ports from declaredTcpPorts:
+        // one given beside it could allow ports the Service does not have.
+        (
+            "interceptor:\n  mode: split\n  config:\n    interceptor:\n      allowed_listen_ports: { shop: [\"16000\"] }\n",
+            "interceptor.config.interceptor.allowed_listen_ports: list the ports in interceptor.declaredTcpPorts",
+        ),
         // mTLS needs a certificate on each side of the channel.
         (
             "interceptor:\n  mode: split\n  tls:\n    serverSecretName: interceptor-tls\n",
@@ -828,6 +845,22 @@ fn the_cluster_domain_is_a_value_not_a_constant() {
         ["hoist-interceptor.keda.svc.corp.internal:9091"]
     );
     assert_eq!(scaler.interceptor.cluster_domain, "corp.internal");
+    // The default sources are the cluster's Services, in its domain.
+    assert!(
+        scaler
+            .limits
+            .allowed_sources
+            .contains(&"*.svc.corp.internal:*".to_string())
+    );
+    assert!(
+        !scaler
+            .limits
+            .allowed_sources
+            .iter()
+            .any(|source| source.contains("cluster.local")),
+        "{:?}",
+        scaler.limits.allowed_sources
+    );
     let interceptor = load_ok(
         "interceptor",
         config_text(&docs, named(&docs, "Deployment", "hoist-interceptor")),
@@ -843,6 +876,304 @@ fn the_cluster_domain_is_a_value_not_a_constant() {
         config_text(&in_process, named(&in_process, "Deployment", "hoist")),
     );
     assert_eq!(settings.interceptor.cluster_domain, "corp.internal");
+}
+
+/// Every schema node of values.schema.json that declares properties
+/// refuses the others (`additionalProperties: false`), or types them (an
+/// auth profile's params): the JSON paths of those that take anything.
+fn open_objects(path: &str, schema: &serde_json::Value, out: &mut Vec<String>) {
+    match schema {
+        serde_json::Value::Object(node) => {
+            let others = node.get("additionalProperties");
+            let typed = others.is_some_and(|o| o.as_object().is_some_and(|o| !o.is_empty()));
+            if node.contains_key("properties") && others != Some(&false.into()) && !typed {
+                out.push(path.to_string());
+            }
+            for (key, child) in node {
+                open_objects(&format!("{path}/{key}"), child, out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                open_objects(&format!("{path}/{i}"), child, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_values_schema_refuses_keys_it_does_not_declare() {
+    let text = std::fs::read_to_string(root().join(CHART).join("values.schema.json")).unwrap();
+    let schema: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut open = Vec::new();
+    open_objects("#", &schema, &mut open);
+    assert!(open.is_empty(), "objects taking undeclared keys: {open:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    // A misspelt key at each level fails `helm template` and names the key;
+    // spelt right, the same value renders.
+    let cases = [
+        ("podDisruptionBudget:\n  minAvaliable: 1\n", "minAvaliable"),
+        ("replica: 2\n", "replica"),
+        (
+            "interceptor:\n  declaredTcpPort: [15000]\n",
+            "declaredTcpPort",
+        ),
+        (
+            "interceptor:\n  mode: split\n  httpRoutes:\n    - { name: web, host: web.example.com, upstream: web:80, pathPrefix: / }\n",
+            "pathPrefix",
+        ),
+        (
+            "tls:\n  admin:\n    clientCA:\n      secret: ca\n",
+            "secret",
+        ),
+        ("monitoring:\n  enable: true\n", "enable"),
+        (
+            "securityContext:\n  readOnlyRootFileSystem: true\n",
+            "readOnlyRootFileSystem",
+        ),
+        ("resources:\n  limit:\n    memory: 1Gi\n", "limit"),
+        (
+            "networkPolicy:\n  admin:\n    from:\n      - namespaceSelecter: {}\n",
+            "namespaceSelecter",
+        ),
+    ];
+    for (i, (values, key)) in cases.into_iter().enumerate() {
+        let file = dir.path().join(format!("typo-{i}.yaml"));
+        std::fs::write(&file, values).unwrap();
+        let file = file.to_str().unwrap();
+        for args in [
+            vec!["template", "hoist", CHART, "--values", file],
+            vec!["lint", "--strict", CHART, "--values", file],
+        ] {
+            let output = helm(&args);
+            let report = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(!output.status.success(), "helm {args:?} took {values}");
+            assert!(report.contains(key), "{values}: {report}");
+        }
+    }
+    let docs = render_with("replicas: 2\npodDisruptionBudget:\n  maxUnavailable: 1\n");
+    named(&docs, "PodDisruptionBudget", "hoist");
+}
+
+/// What `helm template` is told the cluster serves: the Prometheus
+/// Operator's API.
+const OPERATOR_API: [&str; 2] = ["--api-versions", "monitoring.coreos.com/v1"];
+
+fn monitors(docs: &[Yaml]) -> Vec<&Yaml> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Monitor")))
+        .collect()
+}
+
+/// Each Deployment's pods are scraped by exactly one monitor, on the
+/// container port its config's admin listener is, over TLS exactly when
+/// that listener has it (checked against the serving Secret's CA, for the
+/// name the chart requires the certificate to carry).
+fn check_monitors(source: &str, docs: &[Yaml]) {
+    let monitors = monitors(docs);
+    let deployments = kind(docs, "Deployment");
+    assert_eq!(monitors.len(), deployments.len(), "{source}");
+    for deployment in deployments {
+        let pods = pod_labels(deployment);
+        let settings = deployment_settings(docs, deployment);
+        let admin_port = i64::from(settings.admin.listen.port());
+        let scraping: Vec<(&Yaml, &Yaml)> = monitors
+            .iter()
+            .filter_map(|monitor| {
+                let selector = labels(&monitor["spec"]["selector"]["matchLabels"]);
+                let service = monitor["kind"].as_str() == Some("ServiceMonitor");
+                let endpoint = &monitor["spec"][if service {
+                    "endpoints"
+                } else {
+                    "podMetricsEndpoints"
+                }][0];
+                let port = endpoint["port"].as_str().unwrap();
+                let reaches = if service {
+                    // Through a Service it selects that has the port.
+                    kind(docs, "Service").into_iter().any(|svc| {
+                        selects(&selector, &labels(&svc["metadata"]["labels"]))
+                            && selects(&labels(&svc["spec"]["selector"]), &pods)
+                            && service_ports(svc)
+                                .get(port)
+                                .is_some_and(|(number, target)| {
+                                    *number == admin_port
+                                        && container_ports(container(deployment)).get(target)
+                                            == Some(&admin_port)
+                                })
+                    })
+                } else {
+                    selects(&selector, &pods)
+                        && container_ports(container(deployment)).get(port) == Some(&admin_port)
+                };
+                reaches.then_some((*monitor, endpoint))
+            })
+            .collect();
+        assert_eq!(scraping.len(), 1, "{source}: {}", name(deployment));
+        let (monitor, endpoint) = scraping[0];
+        assert_eq!(endpoint["path"].as_str(), Some("/metrics"));
+        // hoist's labels never collide with the target's (tests/validate.rs
+        // checks every series): the target's `namespace` and `pod` stay.
+        assert_eq!(endpoint["honorLabels"].as_bool(), Some(false));
+        assert_eq!(
+            strings(&monitor["spec"]["namespaceSelector"]["matchNames"]),
+            [monitor["metadata"]["namespace"].as_str().unwrap()]
+        );
+        match &settings.admin.tls {
+            None => assert_eq!(endpoint["scheme"].as_str(), Some("http"), "{source}"),
+            Some(tls) => {
+                assert_eq!(endpoint["scheme"].as_str(), Some("https"), "{source}");
+                let (serving, _) = volume_holding(deployment, tls.cert_file.to_str().unwrap());
+                let ca = &endpoint["tlsConfig"]["ca"]["secret"];
+                assert_eq!(ca["name"], serving["secret"]["secretName"], "{source}");
+                assert_eq!(ca["key"].as_str(), Some("ca.crt"));
+                assert_eq!(
+                    endpoint["tlsConfig"]["serverName"].as_str(),
+                    Some(format!("{}.keda.svc", name(deployment)).as_str())
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn monitors_scrape_every_hoist_process_where_the_prometheus_operator_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let split = file("split.yaml", "interceptor:\n  mode: split\n");
+    let pods = file("pods.yaml", "monitoring:\n  kind: PodMonitor\n");
+    let (tls, _) = values_file("split-tls-auth-values.yaml");
+    let (in_process, _) = values_file("in-process-values.yaml");
+    // `auto`: none where the cluster does not serve the API.
+    assert!(monitors(&render("hoist", "keda", &[&split])).is_empty());
+    for values in [
+        vec![],
+        vec![split.as_str()],
+        vec![split.as_str(), pods.as_str()],
+        vec![tls.as_str()],
+        vec![tls.as_str(), pods.as_str()],
+        vec![in_process.as_str()],
+    ] {
+        let release = if values.contains(&in_process.as_str()) {
+            "edge"
+        } else {
+            "hoist"
+        };
+        let docs = render_args(release, "keda", &values, &OPERATOR_API);
+        check_monitors(&format!("{values:?}"), &docs);
+    }
+    // Forced either way, and labelled for a Prometheus' selector.
+    let off = file("off.yaml", "monitoring:\n  enabled: false\n");
+    assert!(monitors(&render_args("hoist", "keda", &[&off], &OPERATOR_API)).is_empty());
+    let on = file(
+        "on.yaml",
+        "monitoring:\n  enabled: true\n  labels: { release: kube-prometheus-stack }\n",
+    );
+    let docs = render("hoist", "keda", &[&on, &split]);
+    check_monitors("enabled: true", &docs);
+    for monitor in monitors(&docs) {
+        assert_eq!(
+            labels(&monitor["metadata"]["labels"])["release"],
+            "kube-prometheus-stack"
+        );
+    }
+}
+
+/// A TCP route ScaledObject `shop/db` declares with `listenPort: port`.
+fn declared_tcp_route(port: u16) -> RouteSpec {
+    let owner = Owner {
+        namespace: "shop".to_string(),
+        name: "db".to_string(),
+    };
+    RouteSpec {
+        name: RouteSpec::declared_name(Protocol::Tcp, &owner),
+        protocol: Protocol::Tcp,
+        owner: Some(owner),
+        hosts: Vec::new(),
+        path_prefix: None,
+        listen: Some(Listen::Port(port)),
+        upstream: "db.shop.svc.cluster.local:5432".to_string(),
+        upstream_http2: false,
+        cold_start_timeout: None,
+        response_timeout: None,
+    }
+}
+
+/// Whether hoist, with `settings`, takes a declared TCP route on `port`;
+/// a refusal must name the setting that refuses it.
+fn takes_declared_port(source: &str, settings: &Settings, port: u16) -> bool {
+    let rules = RouteRules {
+        interceptor: settings.interceptor.clone(),
+        config_routes: Vec::new(),
+    };
+    match rules.allows(&declared_tcp_route(port)) {
+        Ok(()) => true,
+        Err(refused) => {
+            assert!(
+                refused
+                    .to_string()
+                    .contains("interceptor.allowed_listen_ports"),
+                "{source}: port {port}: {refused}"
+            );
+            false
+        }
+    }
+}
+
+#[test]
+fn declared_tcp_ports_are_on_the_proxy_service_and_are_the_only_ones_hoist_takes() {
+    for mode in ["inProcess", "split"] {
+        let docs = render_with(&format!(
+            "interceptor:\n  mode: {mode}\n  declaredTcpPorts: [15000, 15010]\n  tcpRoutes:\n    - {{ name: db, listen: \"0.0.0.0:5432\", upstream: db.default.svc.cluster.local:5432 }}\n"
+        ));
+        // Service ports land on the proxies' container ports (and the
+        // NetworkPolicy names them): checked for every port here.
+        check_consistency(mode, &docs);
+        let proxy = named(&docs, "Service", "hoist-interceptor-proxy");
+        let proxies = named(
+            &docs,
+            "Deployment",
+            if mode == "split" {
+                "hoist-interceptor"
+            } else {
+                "hoist"
+            },
+        );
+        let policy = named(&docs, "NetworkPolicy", name(proxies));
+        for port in [5432, 15000, 15010] {
+            let port_name = format!("tcp-{port}");
+            assert_eq!(service_ports(proxy)[&port_name].0, port, "{mode}");
+            assert_eq!(container_ports(container(proxies))[&port_name], port);
+            assert_eq!(allowed_from(policy, &port_name), None, "anyone's traffic");
+        }
+        // Whoever decides on declared routes (the scaler, and a split
+        // interceptor checking the scaler's table) takes those ports only.
+        for deployment in kind(&docs, "Deployment") {
+            let source = format!("{mode}: {}", name(deployment));
+            let settings = deployment_settings(&docs, deployment);
+            assert!(takes_declared_port(&source, &settings, 15000));
+            assert!(takes_declared_port(&source, &settings, 15010));
+            assert!(!takes_declared_port(&source, &settings, 15001), "{source}");
+            assert!(!takes_declared_port(&source, &settings, 5433), "{source}");
+        }
+        // None listed: no declared TCP route at all (hoist's own default
+        // would take any port from 1024, which no Service reaches).
+        let docs = render_with(&format!("interceptor:\n  mode: {mode}\n"));
+        for deployment in kind(&docs, "Deployment") {
+            let source = format!("{mode} without declaredTcpPorts: {}", name(deployment));
+            let settings = deployment_settings(&docs, deployment);
+            assert!(!takes_declared_port(&source, &settings, 15000), "{source}");
+        }
+    }
 }
 
 /// `helm template hoist` in `keda` with these values (YAML text).

@@ -1,6 +1,7 @@
 //! The shipped manifests against schemas nobody here wrote, and the image
 //! and monitoring files against real tools:
-//! - every manifest, chart render and the KEDA sidecar patch's result
+//! - every manifest, chart render and the KEDA sidecar kustomization's
+//!   build (`kubectl kustomize` over KEDA's own install, offline)
 //!   with `kubernetes-validate --strict` (PyPI) at the oldest and newest
 //!   Kubernetes version it bundles;
 //! - every ScaledObject / ScaledJob / (Cluster)TriggerAuthentication
@@ -14,7 +15,7 @@
 //! - scripts/image.sh's OCI image with `buildah` (Debian): its config, and
 //!   `hoist --version` and `hoist check-config` chrooted into its root.
 //!
-//! scripts/test.sh installs kubernetes-validate, buildah and promtool;
+//! scripts/test.sh installs kubernetes-validate, kubectl, buildah and promtool;
 //! without them these tests fail, they never skip.
 
 #[path = "support/kube_api.rs"]
@@ -76,42 +77,61 @@ fn is_custom(doc: &Yaml) -> bool {
     api.starts_with("keda.sh/") || api.starts_with("monitoring.coreos.com/")
 }
 
-/// Strategic merge as kustomize applies it to a Deployment: maps merge,
-/// lists of named objects (containers, volumes, ports, mounts) merge by
-/// name, anything else is replaced.
-fn strategic_merge(base: &mut Value, patch: &Value) {
-    match (base, patch) {
-        (Value::Object(base), Value::Object(patch)) => {
-            for (key, value) in patch {
-                match base.get_mut(key) {
-                    Some(existing) => strategic_merge(existing, value),
-                    None => {
-                        base.insert(key.clone(), value.clone());
-                    }
-                }
-            }
+/// KEDA's own install (tests/data/keda-install: its `config/default`
+/// rendered) with hoist's sidecar kustomization on top, built by a real
+/// `kubectl kustomize`, offline: the kustomization's pinned release URL is
+/// replaced by a local base holding that manifest. Every object it
+/// outputs, as JSON; built once per test binary.
+fn sidecar_build() -> &'static [Value] {
+    static BUILT: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let keda = dir.path().join("keda");
+        let sidecar = dir.path().join("sidecar");
+        std::fs::create_dir_all(&keda).unwrap();
+        std::fs::create_dir_all(&sidecar).unwrap();
+        std::fs::copy(
+            root().join("tests/data/keda-install/keda-operator-install.yaml"),
+            keda.join("keda.yaml"),
+        )
+        .unwrap();
+        std::fs::write(keda.join("kustomization.yaml"), "resources:\n  - keda.yaml\n").unwrap();
+        for entry in std::fs::read_dir(root().join("deploy/keda-sidecar")).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), sidecar.join(entry.file_name())).unwrap();
         }
-        (Value::Array(base), Value::Array(patch))
-            if patch.iter().all(|item| item.get("name").is_some()) =>
-        {
-            for item in patch {
-                match base.iter_mut().find(|b| b.get("name") == item.get("name")) {
-                    Some(existing) => strategic_merge(existing, item),
-                    None => base.push(item.clone()),
-                }
-            }
-        }
-        (base, patch) => *base = patch.clone(),
-    }
+        let kustomization = sidecar.join("kustomization.yaml");
+        let text = std::fs::read_to_string(&kustomization).unwrap();
+        let remote = regex::Regex::new(r"(?m)^  - https://github\.com/kedacore/keda/releases/download/v[0-9.]+/keda-[0-9.]+\.yaml$").unwrap();
+        assert_eq!(remote.find_iter(&text).count(), 1, "one pinned KEDA release: {text}");
+        std::fs::write(&kustomization, remote.replace(&text, "  - ../keda").as_ref()).unwrap();
+        let kubectl = std::env::var("KUBECTL_BIN").unwrap_or_else(|_| "kubectl".into());
+        let output = run(&kubectl, &["kustomize", sidecar.to_str().unwrap()]);
+        succeeded("kubectl kustomize deploy/keda-sidecar (scripts/layer-tool.sh kubectl installs kubectl)", &output);
+        parse("kubectl kustomize", &String::from_utf8(output.stdout).unwrap())
+            .iter()
+            .map(json)
+            .collect()
+    })
 }
 
 /// KEDA's keda-operator Deployment with hoist's sidecar patch applied.
 fn sidecar_result() -> Value {
-    let base = documents_of("tests/data/keda-operator.yaml");
-    let patch = documents_of("deploy/keda-sidecar/keda-operator-patch.yaml");
-    let mut merged = json(&base[0]);
-    strategic_merge(&mut merged, &json(&patch[0]));
-    merged
+    sidecar_build()
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "keda-operator")
+        .expect("the build holds keda-operator")
+        .clone()
+}
+
+/// A container of a Deployment, by name.
+fn container_named<'a>(deployment: &'a Value, name: &str) -> &'a Value {
+    deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container `{name}`"))
 }
 
 fn documents_of(file: &str) -> Vec<Yaml> {
@@ -148,7 +168,15 @@ fn everything() -> Vec<(String, Value)> {
             all.push((format!("{source}: {}", name(&doc)), json(&doc)));
         }
     }
-    all.push(("keda-operator + sidecar patch".into(), sidecar_result()));
+    // KEDA's whole install with the sidecar kustomization, as built.
+    for object in sidecar_build() {
+        let source = format!(
+            "kubectl kustomize deploy/keda-sidecar: {} {}",
+            object["kind"].as_str().unwrap_or_default(),
+            object["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        all.push((source, object.clone()));
+    }
     // The KEDA chart values' container and volumes are the patch's.
     let values = json(&documents_of("deploy/keda-sidecar/keda-values.yaml")[0]);
     let patched = sidecar_result();
@@ -263,13 +291,91 @@ fn every_manifest_passes_kubernetes_validate_strict_at_the_oldest_and_newest_ver
     // A field no schema declares is refused: the check can fail.
     let bad = dir.path().join("bad.json");
     let mut deployment = sidecar_result();
-    deployment["spec"]["template"]["spec"]["containers"][1]["probes"] = Value::Bool(true);
+    let containers = deployment["spec"]["template"]["spec"]["containers"]
+        .as_array_mut()
+        .unwrap();
+    let hoist = containers
+        .iter_mut()
+        .find(|c| c["name"] == "hoist")
+        .unwrap();
+    hoist["probes"] = Value::Bool(true);
     std::fs::write(&bad, deployment.to_string()).unwrap();
     let output = run(
         "kubernetes-validate",
         &["--strict", "--quiet", "-k", NEWEST, bad.to_str().unwrap()],
     );
     assert!(!output.status.success(), "an unknown field fails");
+}
+
+#[test]
+fn the_sidecar_kustomization_builds_on_kedas_own_install() {
+    let build = sidecar_build();
+    let base = parse(
+        "keda-operator-install.yaml",
+        &std::fs::read_to_string(root().join("tests/data/keda-install/keda-operator-install.yaml"))
+            .unwrap(),
+    );
+    let base_operator = base
+        .iter()
+        .map(json)
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "keda-operator")
+        .unwrap();
+    // Everything KEDA installs is still there, plus hoist's ConfigMap and
+    // RBAC rule.
+    let names = |objects: &mut dyn Iterator<Item = &Value>| -> BTreeSet<String> {
+        objects
+            .map(|o| {
+                format!(
+                    "{} {}",
+                    o["kind"].as_str().unwrap(),
+                    o["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    let built = names(&mut build.iter());
+    let kedas = base.iter().map(json).collect::<Vec<_>>();
+    let missing: Vec<_> = names(&mut kedas.iter())
+        .difference(&built)
+        .cloned()
+        .collect();
+    assert!(missing.is_empty(), "KEDA's objects lost: {missing:?}");
+    assert_eq!(built.len(), kedas.len() + 3, "{built:?}");
+
+    let operator = sidecar_result();
+    let template = &operator["spec"]["template"];
+    // `kubectl logs deploy/keda-operator` shows KEDA's logs, whatever the
+    // merge's container order.
+    assert_eq!(
+        template["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"],
+        "keda-operator"
+    );
+    // KEDA's container is untouched; hoist's is the patch's, with the
+    // image the kustomization names.
+    assert_eq!(
+        container_named(&operator, "keda-operator"),
+        container_named(&base_operator, "keda-operator")
+    );
+    let patch = json(&documents_of("deploy/keda-sidecar/keda-operator-patch.yaml")[0]);
+    let hoist = container_named(&operator, "hoist");
+    assert_eq!(hoist, container_named(&patch, "hoist"));
+    let names_of = |list: &Value| -> BTreeSet<String> {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| v["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let volumes = names_of(&template["spec"]["volumes"]);
+    assert!(names_of(&base_operator["spec"]["template"]["spec"]["volumes"]).is_subset(&volumes));
+    assert!(names_of(&patch["spec"]["template"]["spec"]["volumes"]).is_subset(&volumes));
+    for mount in hoist["volumeMounts"].as_array().unwrap() {
+        assert!(volumes.contains(mount["name"].as_str().unwrap()), "{mount}");
+    }
+    assert_eq!(
+        operator["spec"]["template"]["spec"]["serviceAccountName"], "keda-operator",
+        "hoist runs as KEDA's ServiceAccount (rbac.yaml adds one rule)"
+    );
 }
 
 fn yaml_of(value: &Value) -> Yaml {
@@ -581,6 +687,23 @@ fn metric_names_on_live_metrics(text: &str) -> BTreeSet<String> {
     names
 }
 
+/// The metrics of a /metrics page as one queries them: a counter with its
+/// `_total`, a histogram by its own name.
+fn metric_families(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .map(|rest| {
+            let mut fields = rest.split_whitespace();
+            let (name, kind_) = (fields.next().unwrap(), fields.next().unwrap_or_default());
+            if kind_ == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            }
+        })
+        .collect()
+}
+
 /// The label sets of `metric`'s samples on a /metrics page.
 fn series_of(text: &str, metric: &str) -> Vec<BTreeMap<String, String>> {
     let label = regex::Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)""#).unwrap();
@@ -597,7 +720,17 @@ fn series_of(text: &str, metric: &str) -> Vec<BTreeMap<String, String>> {
 
 /// Labels Prometheus attaches to every scraped sample: a hoist label of
 /// the same name would be renamed `exported_*` (`honor_labels: false`).
-const TARGET_LABELS: [&str; 4] = ["namespace", "pod", "job", "instance"];
+/// The chart's ServiceMonitor adds `service`, `endpoint` and `container`
+/// (a PodMonitor all but `service`).
+const TARGET_LABELS: [&str; 7] = [
+    "namespace",
+    "pod",
+    "job",
+    "instance",
+    "service",
+    "endpoint",
+    "container",
+];
 
 /// Every hoist sample on `page` keeps its labels through a scrape.
 fn assert_no_target_labels(mode: &str, page: &str) {
@@ -778,6 +911,27 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
         assert_eq!(series_of(page, "hoist_build_info")[0]["mode"], mode);
         assert_no_target_labels(mode, page);
     }
+    // The README's list of metrics (Operating hoist) names every metric
+    // any mode exports.
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let operating = readme
+        .split("\n## Operating hoist\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("README has Operating hoist");
+    for (mode, text) in [
+        ("in-process", &page),
+        ("scaler", &scaler_page),
+        ("interceptor", &split_page),
+    ] {
+        for family in metric_families(text) {
+            let named = regex::Regex::new(&format!(r"\b{family}\b")).unwrap();
+            assert!(
+                named.is_match(operating),
+                "{mode}: `{family}` is on /metrics but not in README's Operating hoist"
+            );
+        }
+    }
     // The interceptor panels and alerts work on a split interceptor.
     let split_live = metric_names_on_live_metrics(&split_page);
     for (source, query) in queries() {
@@ -815,6 +969,29 @@ fn the_alert_rules_pass_promtool() {
             && alerts.contains("HoistConfigReloadRefused")
     );
     // The Prometheus Operator's schema for the whole object.
+    let object = dir.path().join("rule.json");
+    std::fs::write(&object, rule.to_string()).unwrap();
+    succeeded("the PrometheusRule schema", &operator_schema(&[&object]));
+    let mut wrong = rule.clone();
+    wrong["spec"]["groups"][0]["rules"][0]["for"] = serde_json::json!(600);
+    std::fs::write(&object, wrong.to_string()).unwrap();
+    assert!(
+        !operator_schema(&[&object]).status.success(),
+        "`for` must be a string"
+    );
+    // promtool refuses a broken expression: the check can fail.
+    let mut broken = rule["spec"].clone();
+    broken["groups"][0]["rules"][0]["expr"] =
+        Value::String("rate(hoist_poll_errors_total[5m]".into());
+    std::fs::write(&file, broken.to_string()).unwrap();
+    let output = run("promtool", &["check", "rules", file.to_str().unwrap()]);
+    assert!(!output.status.success());
+}
+
+/// scripts/prometheus-operator-schema.mjs on these JSON files: the
+/// Prometheus Operator's schema (npm's @kubernetes-models/prometheus-operator,
+/// which scripts/test.sh installs) and its declared field names.
+fn operator_schema(files: &[&Path]) -> Output {
     let modules = std::env::var("HOIST_TEST_NODE_MODULES").unwrap_or_else(|_| {
         root()
             .join("target/test-tools/node_modules")
@@ -827,30 +1004,111 @@ fn the_alert_rules_pass_promtool() {
             .is_dir(),
         "no @kubernetes-models/prometheus-operator in {modules}: scripts/test.sh installs it"
     );
-    let object = dir.path().join("rule.json");
-    std::fs::write(&object, rule.to_string()).unwrap();
-    let schema = |file: &Path| {
-        run(
-            "node",
-            &[
-                "scripts/prometheusrule-schema.mjs",
-                &modules,
-                file.to_str().unwrap(),
-            ],
-        )
+    let mut args = vec!["scripts/prometheus-operator-schema.mjs", modules.as_str()];
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    run("node", &args)
+}
+
+/// The chart's ServiceMonitors and PodMonitors (`monitoring.enabled:
+/// true`), of each kind, with the defaults, in split mode and with each
+/// `ci/` values file (admin TLS, the interceptors' mTLS channel).
+fn chart_monitors() -> Vec<(String, Value)> {
+    let dir = tempfile::tempdir().unwrap();
+    let values = |file: &str, text: &str| {
+        let path = dir.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
     };
-    succeeded("the PrometheusRule schema", &schema(&object));
-    let mut wrong = rule.clone();
-    wrong["spec"]["groups"][0]["rules"][0]["for"] = serde_json::json!(600);
-    std::fs::write(&object, wrong.to_string()).unwrap();
-    assert!(!schema(&object).status.success(), "`for` must be a string");
-    // promtool refuses a broken expression: the check can fail.
-    let mut broken = rule["spec"].clone();
-    broken["groups"][0]["rules"][0]["expr"] =
-        Value::String("rate(hoist_poll_errors_total[5m]".into());
-    std::fs::write(&file, broken.to_string()).unwrap();
-    let output = run("promtool", &["check", "rules", file.to_str().unwrap()]);
+    let kinds = [
+        values("service.yaml", "monitoring:\n  enabled: true\n"),
+        values(
+            "pod.yaml",
+            "monitoring:\n  enabled: true\n  kind: PodMonitor\n",
+        ),
+    ];
+    let mut modes = vec![
+        None,
+        Some(values("split.yaml", "interceptor:\n  mode: split\n")),
+    ];
+    for entry in std::fs::read_dir(root().join("deploy/helm/hoist/ci")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().to_string();
+        modes.push(Some(format!("deploy/helm/hoist/ci/{name}")));
+    }
+    let mut monitors = Vec::new();
+    for kind_file in &kinds {
+        for mode in &modes {
+            let mut files = vec![kind_file.as_str()];
+            files.extend(mode.as_deref());
+            for doc in helm_render(&files) {
+                let kind = doc["kind"].as_str().unwrap_or_default();
+                if kind.ends_with("Monitor") {
+                    let source = format!("{files:?}: {kind} {}", name(&doc));
+                    monitors.push((source, json(&doc)));
+                }
+            }
+        }
+    }
+    monitors
+}
+
+#[test]
+fn the_charts_monitors_pass_the_prometheus_operator_schema() {
+    let monitors = chart_monitors();
+    let seen: BTreeSet<(&str, &str)> = monitors
+        .iter()
+        .map(|(_, m)| {
+            (
+                m["kind"].as_str().unwrap(),
+                m["metadata"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for kind in ["ServiceMonitor", "PodMonitor"] {
+        for name in ["hoist", "hoist-interceptor"] {
+            assert!(seen.contains(&(kind, name)), "{kind} {name}: {seen:?}");
+        }
+    }
+    assert!(
+        monitors
+            .iter()
+            .any(|(_, m)| m.to_string().contains("\"https\"")),
+        "a render with admin TLS scrapes over HTTPS"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    let mut sources = Vec::new();
+    for (i, (source, monitor)) in monitors.iter().enumerate() {
+        let file = dir.path().join(format!("{i:02}.json"));
+        std::fs::write(&file, monitor.to_string()).unwrap();
+        sources.push(format!("{}: {source}", file.display()));
+        files.push(file);
+    }
+    let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    succeeded(
+        &format!("the monitors' schema ({})", sources.join("; ")),
+        &operator_schema(&paths),
+    );
+    // The checks can fail: a wrong type, and a misspelt field.
+    let (_, monitor) = &monitors[0];
+    let endpoints = if monitor["kind"] == "ServiceMonitor" {
+        "endpoints"
+    } else {
+        "podMetricsEndpoints"
+    };
+    let bad = dir.path().join("bad.json");
+    let mut wrong = monitor.clone();
+    wrong["spec"][endpoints][0]["honorLabels"] = Value::String("no".into());
+    std::fs::write(&bad, wrong.to_string()).unwrap();
+    assert!(
+        !operator_schema(&[&bad]).status.success(),
+        "a string honorLabels"
+    );
+    let mut misspelt = monitor.clone();
+    misspelt["spec"][endpoints][0]["honorLabel"] = Value::Bool(false);
+    std::fs::write(&bad, misspelt.to_string()).unwrap();
+    let output = operator_schema(&[&bad]);
     assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("honorLabel"));
 }
 
 /// The alerts' `promtool test rules` cases (tests/data), against the

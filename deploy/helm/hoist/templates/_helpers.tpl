@@ -67,15 +67,51 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{- $port -}}
 {{- end }}
 
-{{/* Container ports of the proxies: http, then one per TCP route. */}}
+{{/*
+The TCP ports the proxies listen on besides HTTP: each configured TCP
+route's, then each of interceptor.declaredTcpPorts (routes ScaledObjects
+declare with `listenPort`). One list for the pods, the proxy Service and
+the NetworkPolicies, so a port hoist may open is one the Service reaches.
+*/}}
+{{- define "hoist.proxyTcpPorts" -}}
+{{- $ports := list -}}
+{{- range .Values.interceptor.tcpRoutes -}}
+{{- $ports = append $ports (include "hoist.listenPort" .listen) -}}
+{{- end -}}
+{{- range .Values.interceptor.declaredTcpPorts -}}
+{{- $ports = append $ports (toString (int .)) -}}
+{{- end -}}
+{{- toJson $ports -}}
+{{- end }}
+
+{{/* Container ports of the proxies: http, then one per TCP port. */}}
 {{- define "hoist.proxyContainerPorts" -}}
 - name: http
   containerPort: {{ .Values.interceptor.httpPort }}
-{{- range .Values.interceptor.tcpRoutes }}
-{{- $port := include "hoist.listenPort" .listen }}
-- name: tcp-{{ $port }}
-  containerPort: {{ $port }}
+{{- range include "hoist.proxyTcpPorts" . | fromJsonArray }}
+- name: tcp-{{ . }}
+  containerPort: {{ . }}
 {{- end }}
+{{- end }}
+
+{{/*
+interceptor.allowed_listen_ports, from interceptor.declaredTcpPorts: a
+declared `listenPort` off the proxy Service would open a listener nobody
+reaches, so hoist refuses it instead (naming the setting). None listed:
+`{"*": []}`, no declared TCP route (hoist's own default, an empty table,
+would allow any port from 1024).
+*/}}
+{{- define "hoist.allowedListenPorts" -}}
+{{- range $where, $config := dict "config" .Values.config "interceptor.config" .Values.interceptor.config -}}
+{{- if and $config (kindIs "map" $config.interceptor) (hasKey $config.interceptor "allowed_listen_ports") -}}
+{{- fail (printf "%s.interceptor.allowed_listen_ports: list the ports in interceptor.declaredTcpPorts instead (the chart renders allowed_listen_ports from it, and puts each port on the proxy Service)" $where) -}}
+{{- end -}}
+{{- end -}}
+{{- $ports := list -}}
+{{- range .Values.interceptor.declaredTcpPorts -}}
+{{- $ports = append $ports (toString (int .)) -}}
+{{- end -}}
+{{- toJson (dict "*" $ports) -}}
 {{- end }}
 
 {{/* The [interceptor] section of the process that runs the proxies. */}}
@@ -86,6 +122,7 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{- $_ := set $routes "cold_start_timeout" .Values.interceptor.coldStartTimeout -}}
 {{- $_ := set $routes "response_timeout" .Values.interceptor.responseTimeout -}}
 {{- $_ := set $routes "max_held_per_route" .Values.interceptor.maxHeldPerRoute -}}
+{{- $_ := set $routes "allowed_listen_ports" (include "hoist.allowedListenPorts" . | fromJson) -}}
 {{- if .Values.interceptor.httpRoutes }}{{ $_ := set $routes "http_routes" .Values.interceptor.httpRoutes }}{{ end -}}
 {{- if .Values.interceptor.tcpRoutes }}{{ $_ := set $routes "tcp_routes" .Values.interceptor.tcpRoutes }}{{ end -}}
 {{- toJson $routes -}}
@@ -213,6 +250,14 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 {{- $_ := unset $config.auth $profile -}}
 {{- end -}}
 {{- end -}}
+{{- /* The cluster's Services are *.svc.<clusterDomain>: the default sources say cluster.local. */ -}}
+{{- if and (ne .Values.clusterDomain "cluster.local") $config.limits $config.limits.allowed_sources -}}
+{{- $sources := list -}}
+{{- range $config.limits.allowed_sources -}}
+{{- $sources = append $sources (replace ".svc.cluster.local:" (printf ".svc.%s:" $.Values.clusterDomain) .) -}}
+{{- end -}}
+{{- $_ := set $config.limits "allowed_sources" $sources -}}
+{{- end -}}
 {{- $mode := include "hoist.interceptorMode" . -}}
 {{- if and (eq $mode "inProcess") (not (hasKey $config "shutdown_grace")) -}}
 {{- $_ := set $config "shutdown_grace" .Values.interceptor.shutdownGrace -}}
@@ -271,7 +316,8 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 {{- $_ := set $generated "interceptor" $proxy -}}
 {{- else if eq $mode "split" -}}
 {{- $endpoint := printf "%s.%s.svc.%s:%v" (include "hoist.interceptorName" .) .Release.Namespace .Values.clusterDomain .Values.ports.admin -}}
-{{- $section := dict "endpoints" (list $endpoint) "read_timeout" .Values.interceptor.readTimeout -}}
+{{- /* The scaler decides which declared routes stand: it checks the ports too. */ -}}
+{{- $section := dict "endpoints" (list $endpoint) "read_timeout" .Values.interceptor.readTimeout "allowed_listen_ports" (include "hoist.allowedListenPorts" . | fromJson) -}}
 {{- if ne .Values.clusterDomain "cluster.local" -}}
 {{- $_ := set $section "cluster_domain" .Values.clusterDomain -}}
 {{- end -}}
@@ -397,19 +443,15 @@ it on `Address already in use`. Call with (list context "where" ports...).
 {{- range (slice . 2) -}}
 {{- $port := toString . -}}
 {{- if hasKey $seen $port -}}
-{{- fail (printf "%s: port %s is used twice (ports.grpc, ports.admin, interceptor.httpPort and each TCP route's listen port must differ)" $where $port) -}}
+{{- fail (printf "%s: port %s is used twice (ports.grpc, ports.admin, interceptor.httpPort, each TCP route's listen port and interceptor.declaredTcpPorts must differ)" $where $port) -}}
 {{- end -}}
 {{- $_ := set $seen $port true -}}
 {{- end -}}
 {{- end }}
 
-{{/* The ports the proxies listen on: HTTP, then each TCP route's. */}}
+{{/* The ports the proxies listen on: HTTP, then each TCP port. */}}
 {{- define "hoist.proxyPorts" -}}
-{{- $ports := list .Values.interceptor.httpPort -}}
-{{- range .Values.interceptor.tcpRoutes -}}
-{{- $ports = append $ports (include "hoist.listenPort" .listen) -}}
-{{- end -}}
-{{- toJson $ports -}}
+{{- toJson (prepend (include "hoist.proxyTcpPorts" . | fromJsonArray) .Values.interceptor.httpPort) -}}
 {{- end }}
 
 {{/* The ServiceAccount the split interceptors run as. */}}
