@@ -226,8 +226,8 @@ fn parse(
         polling_interval: None,
         activation_target: source.config.activation_message_count as f64,
         query: Query {
-            key: source.query_key(),
-            description: source.describe(),
+            key: source.query_key().into(),
+            description: source.describe().into(),
             endpoints: source.endpoints(),
             source: Arc::new(source),
         },

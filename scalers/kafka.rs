@@ -432,8 +432,8 @@ fn parse(
         polling_interval: None,
         activation_target: config.activation_lag_threshold as f64,
         query: Query {
-            key: query_key(&config),
-            description: describe(&config),
+            key: query_key(&config).into(),
+            description: describe(&config).into(),
             endpoints: config.bootstrap_servers.clone(),
             source: Arc::new(KafkaSource::new(config)),
         },

@@ -33,8 +33,9 @@ pub struct Trigger {
     pub polling_interval: Option<Duration>,
     pub query: Query,
     /// The interceptor route this trigger declares (`http`/`tcp` with
-    /// `upstream`), which exists while the trigger is tracked.
-    pub route: Option<crate::routing::RouteSpec>,
+    /// `upstream`), which exists while the trigger is tracked. Boxed: most
+    /// triggers declare none, and every tracked trigger holds this struct.
+    pub route: Option<Box<crate::routing::RouteSpec>>,
 }
 
 /// hoist's own parts a trigger may measure, besides outside sources, and
@@ -84,12 +85,15 @@ impl std::fmt::Debug for Context {
 #[derive(Clone)]
 pub struct Query {
     /// Identity of the question. May carry fingerprints of credentials (two
-    /// passwords are two questions) but never a secret in clear.
-    pub key: String,
+    /// passwords are two questions) but never a secret in clear. Shared,
+    /// as the description: the trigger, its poller, the poller map and the
+    /// poller's metric labels all hold them.
+    pub key: Arc<str>,
     /// For logs, errors and status: names the source, never a secret.
-    pub description: String,
+    pub description: Arc<str>,
     /// The `host:port` addresses hoist will contact, checked against
-    /// `limits.allowed_sources`.
+    /// `limits.allowed_sources` when the trigger is parsed (and then
+    /// dropped: a tracked trigger does not keep them).
     pub endpoints: Vec<String>,
     pub source: Arc<dyn Source>,
 }

@@ -181,8 +181,8 @@ fn parse(
         polling_interval: None,
         activation_target: config.activation_list_length as f64,
         query: Query {
-            key: format!("{connection}|list={}", config.list_name),
-            description: describe(scaler, &config),
+            key: format!("{connection}|list={}", config.list_name).into(),
+            description: describe(scaler, &config).into(),
             endpoints: endpoints(&config),
             source: Arc::new(RedisSource {
                 shared: shared(connection),

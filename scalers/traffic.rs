@@ -129,8 +129,8 @@ fn parse(scaler: &'static str, params: &Params, context: &Context) -> Result<Tri
         activation_target: activation,
         polling_interval: Some(DEFAULT_POLLING_INTERVAL),
         query: Query {
-            key: format!("{scaler}|{route:?}|{metric}"),
-            description: format!("{scaler} {route} ({metric})"),
+            key: format!("{scaler}|{route:?}|{metric}").into(),
+            description: format!("{scaler} {route} ({metric})").into(),
             // hoist's own interceptor: nothing a ScaledObject points at.
             endpoints: Vec::new(),
             source: Arc::new(TrafficSource {
@@ -141,7 +141,7 @@ fn parse(scaler: &'static str, params: &Params, context: &Context) -> Result<Tri
                 activation,
             }),
         },
-        route: declared,
+        route: declared.map(Box::new),
     })
 }
 

@@ -26,7 +26,7 @@ pub struct MethodLabels {
 pub struct SourceLabels {
     pub scaler: &'static str,
     /// The source's description, which never holds a secret.
-    pub source: String,
+    pub source: std::sync::Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

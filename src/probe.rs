@@ -80,12 +80,12 @@ pub async fn probe(
         Err(_) => Err(PollError::Timeout(config.timeout)),
     }
     .map_err(|error| ProbeError::Poll {
-        source_description: trigger.query.description.clone(),
+        source_description: trigger.query.description.to_string(),
         error,
     })?;
     Ok(ProbeReport {
         scaler: trigger.scaler,
-        source: trigger.query.description.clone(),
+        source: trigger.query.description.to_string(),
         metric_name: trigger.metric_name.clone(),
         target: trigger.target,
         activation_target: trigger.activation_target,

@@ -187,7 +187,7 @@ fn trigger_status(tracked: &Tracked, now: Instant) -> TriggerStatus {
     TriggerStatus {
         scaler: trigger.scaler.to_string(),
         metric: trigger.metric_name.clone(),
-        source: trigger.query.description.clone(),
+        source: trigger.query.description.to_string(),
         target: trigger.target,
         activation_target: trigger.activation_target,
         value,

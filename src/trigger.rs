@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::auth_profiles::AuthProfiles;
 use crate::config::{MAX_POLLING_INTERVAL, MAX_TIMEOUT_MS};
 use crate::engine::Rules;
+use crate::engine::rules::WrittenKeys;
 
 use crate::metadata::{AuthParams, MetadataError, Origin, Params};
 use crate::scalers::{self, Trigger};
@@ -25,7 +26,8 @@ pub enum ScalingMode {
     Passthrough,
     /// hoist's engine decides for the whole ScaledObject with these rules:
     /// `IsActive` follows it and `GetMetrics` reports `replicas × target`.
-    Engine(Rules),
+    /// Boxed: passthrough triggers, the many, need no room for rules.
+    Engine(Box<Rules>),
 }
 
 #[derive(Clone)]
@@ -36,7 +38,7 @@ pub struct TriggerConfig {
     pub scaling_mode: ScalingMode,
     /// The engine rule keys the metadata wrote (names of
     /// `engine::rules::RULE_KEYS`): they win over the ScaledObject's own.
-    pub written: std::collections::BTreeSet<String>,
+    pub written: WrittenKeys,
 }
 
 /// Parses a trigger's whole metadata map as KEDA sends it.
@@ -114,9 +116,9 @@ pub fn parse(
     let scaling_mode = match params.find(&["scalingMode"], &[Origin::Metadata]) {
         None => ScalingMode::Passthrough,
         Some(found) if found.value == "passthrough" => ScalingMode::Passthrough,
-        Some(found) if found.value == "engine" => {
-            ScalingMode::Engine(Rules::from_metadata(&params, polling_interval.as_secs())?)
-        }
+        Some(found) if found.value == "engine" => ScalingMode::Engine(Box::new(
+            Rules::from_metadata(&params, polling_interval.as_secs())?,
+        )),
         Some(found) => {
             return Err(MetadataError::invalid(
                 "scalingMode",
@@ -160,7 +162,7 @@ fn for_the_trigger(params: &AuthParams) -> AuthParams {
 }
 
 /// Which of the ScaledObject-level settings the metadata writes itself.
-fn written_rule_keys(params: &Params) -> std::collections::BTreeSet<String> {
+fn written_rule_keys(params: &Params) -> WrittenKeys {
     let present = |keys: &[&str]| {
         keys.iter()
             .any(|key| params.find(&[key], &[Origin::Metadata]).is_some())
@@ -186,7 +188,7 @@ fn written_rule_keys(params: &Params) -> std::collections::BTreeSet<String> {
     groups
         .iter()
         .filter(|(_, keys)| present(keys))
-        .map(|(name, _)| name.to_string())
+        .map(|(name, _)| *name)
         .collect()
 }
 
@@ -370,6 +372,7 @@ mod tests {
             .trigger
             .query
             .key
+            .to_string()
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -118,7 +118,7 @@ pub use crate::config::SourcePattern;
 
 /// Keyed by [`TriggerKey::identity`]: a slot is the key's buffer and the
 /// entry, so 10,000 triggers fit in a quarter of a megabyte of table.
-type Triggers = HashMap<Box<[u8]>, Arc<Tracked>, foldhash::quality::RandomState>;
+type Triggers = HashMap<Arc<[u8]>, Arc<Tracked>, foldhash::quality::RandomState>;
 
 /// Why a trigger is not tracked.
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +164,7 @@ fn lendable(
     caller: &Caller,
     trigger_authentication: bool,
 ) -> Result<(), TrackError> {
-    let profile = key.metadata.iter().any(|(name, _)| name == "authRef");
+    let profile = key.metadata().any(|(name, _)| name == "authRef");
     if !profile && !trigger_authentication {
         return Ok(());
     }
@@ -181,13 +181,10 @@ fn lendable(
         });
     }
     if caller.checked_in_cluster
-        && let Some((from_env, _)) = key
-            .metadata
-            .iter()
-            .find(|(name, _)| name.ends_with("FromEnv"))
+        && let Some((from_env, _)) = key.metadata().find(|(name, _)| name.ends_with("FromEnv"))
     {
         return Err(TrackError::NotLent {
-            key: from_env.clone(),
+            key: from_env.to_string(),
             setting: source_setting(profile),
             reason: format!(
                 "hoist cannot check a value KEDA reads from the scale target's environment, so it lends no credentials ({source}) to a trigger with one: write the value in the trigger's metadata, or put it in the credentials"
@@ -221,7 +218,7 @@ fn parse_allowed(
         authentication,
         ..settings.context.clone()
     };
-    let config = trigger::parse(&key.metadata_map(), profiles, settings.defaults, &context)?;
+    let mut config = trigger::parse(&key.metadata_map(), profiles, settings.defaults, &context)?;
     if !settings.allowed_sources.is_empty()
         && let Some(endpoint) = config
             .trigger
@@ -234,6 +231,8 @@ fn parse_allowed(
             endpoint: endpoint.clone(),
         });
     }
+    // Checked: a tracked trigger need not hold them (a reload parses again).
+    config.trigger.query.endpoints = Vec::new();
     Ok(config)
 }
 
@@ -242,13 +241,15 @@ fn parse_allowed(
 ///
 /// Keys compare and hash by `identity`, all of the above in one buffer:
 /// with thousands of triggers asked in turn, comparing a dozen separately
-/// allocated strings cost a cache miss each on every call.
+/// allocated strings cost a cache miss each on every call. The metadata
+/// lives only there (read back by [`TriggerKey::metadata`]), and the
+/// trigger map's key shares the buffer: a tracked trigger holds its
+/// metadata once, not three times.
 #[derive(Debug, Clone)]
 pub struct TriggerKey {
     pub namespace: String,
     pub name: String,
-    metadata: Vec<(String, String)>,
-    identity: Box<[u8]>,
+    identity: Arc<[u8]>,
 }
 
 impl PartialEq for TriggerKey {
@@ -279,10 +280,9 @@ impl TriggerKey {
             identity.extend_from_slice(string.as_bytes());
         }
         Self {
-            identity: identity.into_boxed_slice(),
+            identity: identity.into(),
             namespace,
             name,
-            metadata,
         }
     }
 
@@ -291,15 +291,35 @@ impl TriggerKey {
         &self.identity
     }
 
+    /// The length-prefixed strings of `identity`, in order.
+    fn strings(&self) -> impl Iterator<Item = &str> {
+        let mut rest: &[u8] = &self.identity;
+        std::iter::from_fn(move || {
+            let (length, tail) = rest.split_first_chunk::<4>()?;
+            let length = u32::from_le_bytes(*length) as usize;
+            let (string, tail) = tail.split_at_checked(length)?;
+            rest = tail;
+            // Written from `String`s in `from_parts`: always UTF-8.
+            std::str::from_utf8(string).ok()
+        })
+    }
+
+    /// The metadata, sorted by key.
+    pub fn metadata(&self) -> impl Iterator<Item = (&str, &str)> {
+        let mut strings = self.strings().skip(2);
+        std::iter::from_fn(move || Some((strings.next()?, strings.next()?)))
+    }
+
     /// The bytes `limits.max_metadata_bytes` counts: name, namespace,
     /// metadata keys and values.
     fn size(&self) -> usize {
-        let metadata: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-        self.namespace.len() + self.name.len() + metadata
+        self.strings().map(str::len).sum()
     }
 
     pub fn metadata_map(&self) -> HashMap<String, String> {
-        self.metadata.iter().cloned().collect()
+        self.metadata()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect()
     }
 }
 
@@ -445,7 +465,7 @@ struct Inner {
     /// Looked up on every RPC: a fast hasher (seeded per process, so keys
     /// from ScaledObjects cannot be chosen to collide) instead of SipHash.
     triggers: RwLock<Triggers>,
-    pollers: Mutex<HashMap<String, Poller>>,
+    pollers: Mutex<HashMap<Arc<str>, Poller>>,
     /// Engine-mode ScaledObjects by (namespace, name). Locked after `pollers`.
     /// Ordered by namespace, so a target's change finds its namespace's
     /// engines without walking every engine.
@@ -763,7 +783,7 @@ impl Driver {
     fn track_with_credentials(
         &self,
         key: TriggerKey,
-        config: TriggerConfig,
+        mut config: TriggerConfig,
         credentials: Option<(AuthenticationRef, String)>,
     ) -> Result<Arc<Tracked>, MetadataError> {
         let mut triggers = self
@@ -796,8 +816,8 @@ impl Driver {
                     self.forget(&mut triggers, old);
                 }
                 let rules = MetadataRules {
-                    rules: rules.clone(),
-                    written: config.written.clone(),
+                    rules: Rules::clone(rules),
+                    written: config.written,
                 };
                 Some(self.scaling_for(&key, rules, &config.trigger.metric_name)?)
             }
@@ -810,7 +830,7 @@ impl Driver {
             timeout: config.timeout,
         };
         let query = &config.trigger.query;
-        let readings = {
+        let (readings, shared_query) = {
             let mut pollers = self.lock_pollers();
             if pollers.get(&query.key).is_some_and(Poller::is_dead) {
                 warn!(source = %query.description, "replacing a poller that stopped unexpectedly");
@@ -831,8 +851,12 @@ impl Driver {
                 )
             });
             poller.subscribe(id, schedule);
-            poller.readings.clone()
+            (poller.readings.clone(), poller.query.clone())
         };
+        // The poller's question, the same as this one's: triggers sharing a
+        // source share one copy of it (its connection settings, its key).
+        config.trigger.query = shared_query;
+        let query = &config.trigger.query;
         info!(
             namespace = %key.namespace,
             scaled_object = %key.name,
@@ -866,7 +890,7 @@ impl Driver {
         self.inner
             .tracked_metadata
             .fetch_add(key.size(), Ordering::Relaxed);
-        triggers.insert(key.identity, tracked.clone());
+        triggers.insert(key.identity.clone(), tracked.clone());
         self.inner
             .metrics
             .tracked_triggers
@@ -1162,7 +1186,7 @@ impl Driver {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_pollers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Poller>> {
+    fn lock_pollers(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Poller>> {
         self.inner.pollers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -1207,13 +1231,30 @@ impl std::fmt::Debug for TriggerValues {
 /// apart where `metric` does not (`requestRate` and `concurrency` on one
 /// route are both `http-<route>`); it is the poller's description, which
 /// never holds a secret, and the `source` of `hoist_poll_errors_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TriggerLabels {
-    scaled_object_namespace: String,
-    scaled_object: String,
+/// Borrowed from the tracked triggers: a scrape of 100,000 triggers
+/// allocates no copy of their names (the derive takes no lifetime, hence
+/// the hand-written encoding).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct TriggerLabels<'a> {
+    scaled_object_namespace: &'a str,
+    scaled_object: &'a str,
     scaler: &'static str,
-    metric: String,
-    source: String,
+    metric: &'a str,
+    source: &'a str,
+}
+
+impl prometheus_client::encoding::EncodeLabelSet for TriggerLabels<'_> {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelSetEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeLabel;
+        ("scaled_object_namespace", self.scaled_object_namespace).encode(encoder.encode_label())?;
+        ("scaled_object", self.scaled_object).encode(encoder.encode_label())?;
+        ("scaler", self.scaler).encode(encoder.encode_label())?;
+        ("metric", self.metric).encode(encoder.encode_label())?;
+        ("source", self.source).encode(encoder.encode_label())
+    }
 }
 
 impl Collector for TriggerValues {
@@ -1221,20 +1262,21 @@ impl Collector for TriggerValues {
         // Triggers with the same labels read the same source for the same
         // measure: one series, the most recently asked one's value (an
         // edited ScaledObject briefly has its old and new trigger).
+        let tracked_now = self.0.tracked();
         let mut series: HashMap<TriggerLabels, (u64, f64)> = HashMap::new();
         let mut without_value: i64 = 0;
-        for tracked in self.0.tracked() {
+        for tracked in &tracked_now {
             let Some(value) = tracked.latest().value() else {
                 without_value += 1;
                 continue;
             };
             let trigger = &tracked.config.trigger;
             let labels = TriggerLabels {
-                scaled_object_namespace: tracked.key.namespace.clone(),
-                scaled_object: tracked.key.name.clone(),
+                scaled_object_namespace: &tracked.key.namespace,
+                scaled_object: &tracked.key.name,
                 scaler: trigger.scaler,
-                metric: trigger.metric_name.clone(),
-                source: trigger.query.description.clone(),
+                metric: &trigger.metric_name,
+                source: &trigger.query.description,
             };
             let seen = tracked.last_seen_ms.load(Ordering::Relaxed);
             let slot = series.entry(labels).or_insert((seen, value));

@@ -1,10 +1,9 @@
 //! One background task per distinct source query.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -28,13 +27,30 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// Polls that a source's wake-ups cause are at least this far apart.
 const MIN_WAKE_GAP: Duration = Duration::from_millis(250);
 
+/// The schedule the registry sets and the poll loop follows: a value and a
+/// wake-up (a `watch` channel did this at ~380 bytes per poller; with one
+/// poller per source, 100,000 sources make that count).
+struct ScheduleCell {
+    current: Mutex<Schedule>,
+    changed: Notify,
+}
+
+impl ScheduleCell {
+    fn get(&self) -> Schedule {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// The registry's view of a running poller.
 pub struct Poller {
     pub readings: watch::Receiver<Reading>,
-    schedule: watch::Sender<Schedule>,
+    schedule: Arc<ScheduleCell>,
     cancel: CancellationToken,
-    subscribers: HashMap<u64, Schedule>,
+    /// By subscriber id: usually one, so a list, not a map.
+    subscribers: Vec<(u64, Schedule)>,
     labels: SourceLabels,
+    /// The question it asks, which its subscribers share.
+    pub query: Query,
 }
 
 impl Poller {
@@ -47,7 +63,10 @@ impl Poller {
         metrics: Arc<Metrics>,
     ) -> Self {
         let (readings_tx, readings) = watch::channel(Reading::Pending);
-        let (schedule, schedule_rx) = watch::channel(first);
+        let schedule = Arc::new(ScheduleCell {
+            current: Mutex::new(first),
+            changed: Notify::new(),
+        });
         let labels = SourceLabels {
             scaler,
             source: query.description.clone(),
@@ -55,7 +74,7 @@ impl Poller {
         let task = PollLoop {
             query: query.clone(),
             labels: labels.clone(),
-            schedule: schedule_rx,
+            schedule: schedule.clone(),
             readings: readings_tx,
             cancel: cancel.clone(),
             metrics,
@@ -65,19 +84,27 @@ impl Poller {
             readings,
             schedule,
             cancel,
-            subscribers: HashMap::new(),
+            subscribers: Vec::new(),
             labels,
+            query: query.clone(),
         }
     }
 
     pub fn subscribe(&mut self, subscriber: u64, wanted: Schedule) {
-        self.subscribers.insert(subscriber, wanted);
+        match self
+            .subscribers
+            .iter_mut()
+            .find(|(id, _)| *id == subscriber)
+        {
+            Some((_, schedule)) => *schedule = wanted,
+            None => self.subscribers.push((subscriber, wanted)),
+        }
         self.reschedule();
     }
 
     /// Returns true when nobody is left.
     pub fn unsubscribe(&mut self, subscriber: u64) -> bool {
-        self.subscribers.remove(&subscriber);
+        self.subscribers.retain(|(id, _)| *id != subscriber);
         if self.subscribers.is_empty() {
             return true;
         }
@@ -88,18 +115,25 @@ impl Poller {
     /// The shortest interval any subscriber asked for; the longest timeout
     /// (bounded by that interval), so no subscriber's patience is cut short.
     fn reschedule(&self) {
-        let interval = self.subscribers.values().map(|s| s.interval).min();
-        let timeout = self.subscribers.values().map(|s| s.timeout).max();
+        let interval = self.subscribers.iter().map(|(_, s)| s.interval).min();
+        let timeout = self.subscribers.iter().map(|(_, s)| s.timeout).max();
         if let (Some(interval), Some(timeout)) = (interval, timeout) {
             let schedule = Schedule {
                 interval,
                 timeout: timeout.min(interval.max(Duration::from_millis(1))),
             };
-            self.schedule.send_if_modified(|current| {
-                let changed = *current != schedule;
+            let mut current = self
+                .schedule
+                .current
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if *current != schedule {
                 *current = schedule;
-                changed
-            });
+                drop(current);
+                // A permit if the loop is not waiting: it reads the new
+                // schedule at its next wait.
+                self.schedule.changed.notify_one();
+            }
         }
     }
 
@@ -115,17 +149,24 @@ impl Poller {
     }
 }
 
+impl Drop for Poller {
+    /// A poller nobody holds polls no more.
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
 struct PollLoop {
     query: Query,
     labels: SourceLabels,
-    schedule: watch::Receiver<Schedule>,
+    schedule: Arc<ScheduleCell>,
     readings: watch::Sender<Reading>,
     cancel: CancellationToken,
     metrics: Arc<Metrics>,
 }
 
 impl PollLoop {
-    async fn run(mut self) {
+    async fn run(self) {
         let description = self.query.description.clone();
         let mut wakeups = self.query.source.wakeups();
         // Polls caused by wake-ups are spaced out among themselves only: a
@@ -134,7 +175,7 @@ impl PollLoop {
         debug!(source = %description, "poller started");
         let mut failures: u32 = 0;
         loop {
-            let timeout = self.schedule.borrow_and_update().timeout;
+            let timeout = self.schedule.get().timeout;
             let started = Instant::now();
             let outcome = tokio::select! {
                 _ = self.cancel.cancelled() => break,
@@ -185,7 +226,7 @@ impl PollLoop {
             // Wait for the next poll; a new subscriber may shorten the
             // interval, which moves the next poll earlier (never to now).
             loop {
-                let interval = self.schedule.borrow_and_update().interval;
+                let interval = self.schedule.get().interval;
                 let wait = if failures == 0 {
                     interval
                 } else {
@@ -209,11 +250,7 @@ impl PollLoop {
                         last_woken = Some(Instant::now());
                         break;
                     }
-                    changed = self.schedule.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                    }
+                    () = self.schedule.changed.notified() => {}
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! per interval on its triggers' newest readings and the target's real
 //! replica count, at once from zero, and when a cooldown ends.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -152,7 +152,7 @@ struct CountReads {
 pub struct MetadataRules {
     pub rules: Rules,
     /// The rule keys the metadata set (see `engine::rules::RULE_KEYS`).
-    pub written: BTreeSet<String>,
+    pub written: crate::engine::rules::WrittenKeys,
 }
 
 /// The engine of one ScaledObject and the triggers feeding it.

@@ -79,7 +79,7 @@ fn config(source: &Arc<Counter>, query_key: &str, interval_s: u64) -> TriggerCon
             activation_target: 0.0,
             query: Query {
                 key: query_key.into(),
-                description: format!("counter {query_key}"),
+                description: format!("counter {query_key}").into(),
                 endpoints: Vec::new(),
                 source: source.clone(),
             },
@@ -110,6 +110,18 @@ fn trigger_keys_are_equal_exactly_when_their_parts_are() {
     let pairs = [("listName", "jobs"), ("address", "redis:6379")];
     let reversed = [("address", "redis:6379"), ("listName", "jobs")];
     assert_eq!(key("ns", "app", &pairs), key("ns", "app", &reversed));
+    // The metadata is read back from the buffer, sorted; the size counts
+    // every string once.
+    let read_back = key("ns", "app", &pairs);
+    assert_eq!(
+        read_back.metadata().collect::<Vec<_>>(),
+        [("address", "redis:6379"), ("listName", "jobs")]
+    );
+    assert_eq!(
+        read_back.size(),
+        "nsapp".len() + "addressredis:6379listNamejobs".len()
+    );
+    assert_eq!(key("ns", "app", &[]).metadata().count(), 0);
     // The trigger map hashes the identity buffer.
     let hash = |key: &TriggerKey| {
         use std::hash::BuildHasher;
@@ -326,7 +338,7 @@ fn engine_config(source: Arc<Gauge>, metric: &str, rules: crate::engine::Rules) 
             activation_target: 0.0,
             query: Query {
                 key: metric.into(),
-                description: format!("gauge {metric}"),
+                description: format!("gauge {metric}").into(),
                 endpoints: Vec::new(),
                 source,
             },
@@ -334,7 +346,7 @@ fn engine_config(source: Arc<Gauge>, metric: &str, rules: crate::engine::Rules) 
         },
         polling_interval: Duration::from_secs(rules.polling_interval),
         timeout: Duration::from_secs(3),
-        scaling_mode: ScalingMode::Engine(rules),
+        scaling_mode: ScalingMode::Engine(Box::new(rules)),
         written: Default::default(),
     }
 }
@@ -439,9 +451,13 @@ async fn engine_mode_decides_per_scaled_object_on_every_poll() {
 }
 
 impl TriggerKey {
-    fn with_metadata(mut self, marker: &str) -> Self {
-        self.metadata.push(("marker".into(), marker.into()));
-        Self::from_parts(self.namespace, self.name, self.metadata)
+    fn with_metadata(self, marker: &str) -> Self {
+        let mut metadata: Vec<(String, String)> = self
+            .metadata()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect();
+        metadata.push(("marker".into(), marker.into()));
+        Self::from_parts(self.namespace, self.name, metadata)
     }
 }
 

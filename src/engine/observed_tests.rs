@@ -1,9 +1,7 @@
 //! `decide_observed`: the engine computing from the cluster's counts, and
 //! the ScaledObject's settings filling in for unwritten metadata keys.
 
-use std::collections::BTreeSet;
-
-use super::rules::{ObjectSettings, Source};
+use super::rules::{ObjectSettings, Source, WrittenKeys};
 use super::*;
 
 const T0: Millis = 1_700_000_000_000;
@@ -77,7 +75,8 @@ fn metadata_wins_then_the_scaledobject_then_the_defaults() {
         max_replica_count: 20,
         ..Rules::default()
     };
-    let written: BTreeSet<String> = ["maxReplicaCount".to_string()].into();
+    let written: WrittenKeys = ["maxReplicaCount"].into_iter().collect();
+    assert!(written.contains("maxReplicaCount") && !written.contains("minReplicaCount"));
     let object = ObjectSettings {
         min_replica_count: Some(2),
         max_replica_count: Some(8),

@@ -315,13 +315,44 @@ pub const RULE_KEYS: [&str; 6] = [
     "behavior",
 ];
 
+/// Which of [`RULE_KEYS`] trigger metadata wrote: a bit each (every
+/// tracked trigger holds one; a set of strings cost a tree node each).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WrittenKeys(u8);
+
+impl WrittenKeys {
+    /// Notes `key`; a name not in [`RULE_KEYS`] is no rule key: ignored.
+    pub fn insert(&mut self, key: &str) {
+        if let Some(bit) = RULE_KEYS.iter().position(|k| *k == key) {
+            self.0 |= 1 << bit;
+        }
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        RULE_KEYS
+            .iter()
+            .position(|k| *k == key)
+            .is_some_and(|bit| self.0 & (1 << bit) != 0)
+    }
+}
+
+impl<'a> FromIterator<&'a str> for WrittenKeys {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(keys: I) -> Self {
+        let mut written = Self::default();
+        for key in keys {
+            written.insert(key);
+        }
+        written
+    }
+}
+
 impl Rules {
     /// These rules (from trigger metadata, where `written` names the keys
     /// the metadata set) with the ScaledObject's settings filling the rest.
     /// Returns each setting's source, keyed as in [`RULE_KEYS`].
     pub fn with_object(
         &self,
-        written: &std::collections::BTreeSet<String>,
+        written: &WrittenKeys,
         object: Option<&ObjectSettings>,
     ) -> (Rules, std::collections::BTreeMap<&'static str, Source>) {
         let mut rules = self.clone();
