@@ -1421,3 +1421,130 @@ fn trigger_authentication_grants_its_rbac_and_sets_the_config_key() {
     assert!(settings.kubernetes.trigger_authentication);
     assert_eq!(settings.kubernetes.cluster_object_namespace, "keda-system");
 }
+
+/// `docs/BENCHMARKS.md`'s "Memory per tracked trigger" table: RSS at start
+/// (MiB), KiB per tracked trigger in the larger shape (a poller each), and
+/// bytes of memory per byte of tracked metadata.
+fn documented_memory() -> (f64, f64, f64) {
+    let doc = std::fs::read_to_string(root().join("docs/BENCHMARKS.md")).unwrap();
+    let row = |label: &str| -> f64 {
+        let line = doc
+            .lines()
+            .find(|line| line.starts_with(&format!("| {label} |")))
+            .unwrap_or_else(|| panic!("docs/BENCHMARKS.md has no `{label}` row"));
+        let cell = line.split('|').nth(2).unwrap().trim();
+        let number = cell.split_whitespace().next().unwrap().replace(',', "");
+        number
+            .parse()
+            .unwrap_or_else(|_| panic!("`{label}`: not a number: {cell}"))
+    };
+    (
+        row("RSS at start"),
+        row("per tracked trigger, a poller each"),
+        row("per byte of tracked metadata"),
+    )
+}
+
+/// A Kubernetes memory quantity (`256Mi`, `1Gi`) in MiB.
+fn mebibytes(quantity: &str) -> f64 {
+    let (number, unit) = quantity.split_at(quantity.find(|c: char| c.is_alphabetic()).unwrap());
+    let number: f64 = number.parse().unwrap();
+    match unit {
+        "Mi" => number,
+        "Gi" => number * 1024.0,
+        other => panic!("unexpected memory unit {other} in {quantity}"),
+    }
+}
+
+/// The container named `name` anywhere in `yaml`.
+fn container_named<'a>(yaml: &'a Yaml, name: &str) -> Option<&'a Yaml> {
+    match yaml {
+        Yaml::Hash(map) => {
+            if yaml["name"].as_str() == Some(name) && !yaml["resources"].is_badvalue() {
+                return Some(yaml);
+            }
+            map.values().find_map(|value| container_named(value, name))
+        }
+        Yaml::Array(items) => items.iter().find_map(|item| container_named(item, name)),
+        _ => None,
+    }
+}
+
+/// Every deploy path's hoist admits no more triggers and metadata than its
+/// memory limit holds, by the documented figures, with 20 % to spare
+/// (arithmetic on documented numbers, not a measurement).
+#[test]
+fn memory_limits_hold_what_the_config_admits() {
+    let (base, per_trigger_kib, per_metadata_byte) = documented_memory();
+    let check = |what: &str, limit: &str, settings: &Settings| {
+        let limits = &settings.limits;
+        let triggers = limits.max_tracked_triggers as f64 * per_trigger_kib / 1024.0;
+        let metadata = limits.max_tracked_metadata_bytes as f64 * per_metadata_byte / 1_048_576.0;
+        let needed = base + triggers + metadata;
+        let budget = 0.8 * mebibytes(limit);
+        assert!(
+            needed <= budget,
+            "{what}: {base} MiB + {} triggers ({triggers:.0} MiB) + {} metadata bytes ({metadata:.0} MiB) = {needed:.0} MiB, over 80 % of {limit}",
+            limits.max_tracked_triggers,
+            limits.max_tracked_metadata_bytes,
+        );
+    };
+    let memory_limit = |container: &Yaml| {
+        container["resources"]["limits"]["memory"]
+            .as_str()
+            .expect("a memory limit")
+            .to_string()
+    };
+
+    let chart = render("hoist", "keda", &[]);
+    let deployment = named(&chart, "Deployment", "hoist");
+    let settings = load_ok("chart", config_text(&chart, deployment));
+    check(
+        "chart defaults",
+        &memory_limit(container(deployment)),
+        &settings,
+    );
+
+    let plain = documents("deploy/kubernetes");
+    let deployment = named(&plain, "Deployment", "hoist");
+    let settings = load_ok("hoist.yaml", config_text(&plain, deployment));
+    check(
+        "deploy/kubernetes",
+        &memory_limit(container(deployment)),
+        &settings,
+    );
+
+    // The sidecar: its ConfigMap, and the container the patch adds (the
+    // Helm values' copy is held to the patch by tests/validate.rs).
+    let read = |file: &str| std::fs::read_to_string(root().join(file)).unwrap();
+    let config_map = parse(
+        "hoist-config.yaml",
+        &read("deploy/keda-sidecar/hoist-config.yaml"),
+    );
+    let toml = config_map[0]["data"]["hoist.toml"].as_str().unwrap();
+    let patch = parse(
+        "keda-operator-patch.yaml",
+        &read("deploy/keda-sidecar/keda-operator-patch.yaml"),
+    );
+    let sidecar = container_named(&patch[0], "hoist").expect("hoist's container");
+    check(
+        "keda-sidecar",
+        &memory_limit(sidecar),
+        &load_ok("sidecar", toml),
+    );
+    let values = parse(
+        "keda-values.yaml",
+        &read("deploy/keda-sidecar/keda-values.yaml"),
+    );
+    let in_values = values[0]["extraObjects"]
+        .as_vec()
+        .into_iter()
+        .flatten()
+        .find_map(|object| object["data"]["hoist.toml"].as_str())
+        .expect("hoist's config in keda-values.yaml");
+    check(
+        "keda-values",
+        &memory_limit(sidecar),
+        &load_ok("keda-values", in_values),
+    );
+}
