@@ -368,6 +368,27 @@ pub fn milli(value: f64) -> Option<i64> {
     if value >= LARGEST {
         return Some(i64::MAX);
     }
+    // The product's rounding error is below `value × 1000 × 2⁻⁵³`: unless
+    // it lies that close to a half (a tie of `%.3f`), the exact value
+    // rounds the same way as the float. Exact formatting only near a tie
+    // (it was 40 % of `simulate`'s time).
+    let scaled = value * 1000.0;
+    if scaled < FAST_BELOW {
+        let fraction = scaled - scaled.floor();
+        let margin = scaled * 4.0 * f64::EPSILON + f64::MIN_POSITIVE;
+        if (fraction - 0.5).abs() > margin {
+            return Some(scaled.round() as i64);
+        }
+    }
+    milli_exact(value)
+}
+
+/// Where the fast path of [`milli`] stops: from 2⁵² on, floats have no
+/// fraction left to tell a tie by.
+const FAST_BELOW: f64 = 4_503_599_627_370_496.0;
+
+/// [`milli`] by formatting the exact binary value as Go's `%.3f` does.
+pub(crate) fn milli_exact(value: f64) -> Option<i64> {
     let text = format!("{value:.3}");
     let (whole, fraction) = text.split_once('.').unwrap_or((&text, "0"));
     let whole: i64 = whole.parse().ok()?;

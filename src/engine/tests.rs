@@ -478,6 +478,28 @@ fn state_round_trips_through_json() {
     assert_eq!(serde_json::from_str::<Rules>(&rules_json).unwrap(), rules);
 }
 
+proptest::proptest! {
+    /// The fast path of `milli` agrees with formatting the exact value, at
+    /// and one to four ulps around every tie (`x.yyy5`) and every exact
+    /// thousandth, at several magnitudes, and anywhere in range.
+    #[test]
+    fn milli_is_exact_formatting_near_ties_and_anywhere(
+        whole in 0u64..100_000_000,
+        thousandths in 0u64..1000,
+        half in proptest::bool::ANY,
+        nudge in -4i64..=4,
+        shift in 0i32..4,
+        anywhere in 0.0f64..9.2e15,
+    ) {
+        let at = (whole as f64 * 1000.0 + thousandths as f64 + if half { 0.5 } else { 0.0 })
+            / 1000.0
+            / 10f64.powi(shift);
+        let near = f64::from_bits((at.to_bits() as i64 + nudge).max(0) as u64);
+        proptest::prop_assert_eq!(hpa::milli(near), hpa::milli_exact(near), "{}", near);
+        proptest::prop_assert_eq!(hpa::milli(anywhere), hpa::milli_exact(anywhere), "{}", anywhere);
+    }
+}
+
 #[test]
 fn values_and_targets_are_milli_quantities_as_keda_writes_them() {
     // Three decimals, rounded from the exact binary value as Go's `%.3f`.
