@@ -550,3 +550,37 @@ async fn the_api_is_asked_once_per_interval_however_often_keda_asks() {
         "{reads} scale reads in {intervals:.1} intervals for {calls} RPCs"
     );
 }
+
+/// The API server takes the first lists of hoist's watches and never
+/// answers (a lost connection, a wedged apiserver): every read has a
+/// client-side timeout, so the lists are cut, asked again, and the
+/// ScaledObject store fills; KEDA's call for its trigger is then checked
+/// against it. Paused clock: a minute passes in no time.
+#[tokio::test(start_paused = true)]
+async fn a_first_list_that_is_never_answered_is_asked_again() {
+    let api = FakeApi::start().await;
+    let worker = support::object(
+        "worker",
+        &[
+            ("scalerAddress", "hoist.keda:9090"),
+            ("scaler", "redis"),
+            ("address", "127.0.0.1:1"),
+            ("listName", "jobs"),
+        ],
+    );
+    api.put_scaled_object(
+        "default",
+        "worker",
+        with_triggers(deployment_object(10), &[&worker]),
+    );
+    api.swallow(true);
+    let hoist = hoist_reading(&api).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    api.swallow(false);
+    // The store is still empty: the call cannot be checked yet.
+    let refused = hoist.spec_refused(&worker).await;
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    // Past the read timeout the lists are cut and asked again.
+    tokio::time::sleep(Duration::from_secs(75)).await;
+    assert_eq!(hoist.spec(&worker).await.metric_name, "redis-jobs");
+}

@@ -95,6 +95,21 @@ fn scaled_objects() -> ApiResource {
 /// whole store (it is told so: `RecvError::Lagged`).
 const CHANGE_BACKLOG: usize = 4096;
 
+/// Watches end server-side after this (`timeoutSeconds`) and start again
+/// from their resourceVersion, so that a read timeout can bound every
+/// request: the initial list of a watch included, which the API server
+/// does not time out itself. A list that hangs is cut and retried, instead
+/// of leaving the store unsynced for good.
+const WATCH_SECONDS: u32 = 50;
+
+/// Longer than a healthy watch stays quiet ([`WATCH_SECONDS`]).
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How every watch of hoist's is made.
+pub(crate) fn watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_SECONDS)
+}
+
 /// ScaledJobs (KEDA's CRD): KEDA calls external scalers for their
 /// triggers too, naming the ScaledJob.
 fn scaled_jobs() -> ApiResource {
@@ -184,10 +199,11 @@ impl Cluster {
         // Two TLS providers are linked (reqwest brings aws-lc-rs): name one,
         // as the rest of hoist does.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        // Only the connection: a read timeout would also cut the
-        // ScaledObject watch, which is quiet for minutes. Single calls are
-        // bounded where they are made.
+        // The connection, and every read: watches end server-side before
+        // the read timeout (see `WATCH_SECONDS`). Single calls are bounded
+        // more tightly where they are made.
         config.connect_timeout = Some(settings.timeout);
+        config.read_timeout = Some(READ_TIMEOUT);
         let server = config.cluster_url.to_string();
         let client =
             kube::Client::try_from(config).map_err(|e| ClusterError::Client(e.to_string()))?;
@@ -227,10 +243,8 @@ impl Cluster {
         {
             let (changes, listed) = (cluster.changes.clone(), cluster.jobs_listed.clone());
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &scaled_jobs());
-            let stream = reflector::reflector(
-                jobs_writer,
-                watcher(api, watcher::Config::default()).default_backoff(),
-            );
+            let stream =
+                reflector::reflector(jobs_writer, watcher(api, watch_config()).default_backoff());
             follow(
                 stream,
                 "scaledjobs.keda.sh",
@@ -250,10 +264,7 @@ impl Cluster {
         let changes = cluster.changes.clone();
         let listed = cluster.listed.clone();
         let api: Api<DynamicObject> = Api::all_with(client, &resource);
-        let stream = reflector::reflector(
-            writer,
-            watcher(api, watcher::Config::default()).default_backoff(),
-        );
+        let stream = reflector::reflector(writer, watcher(api, watch_config()).default_backoff());
         follow(
             stream,
             "scaledobjects.keda.sh",

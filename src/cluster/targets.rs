@@ -54,7 +54,7 @@ fn watch<K>(
 {
     // `PartialObjectMeta` makes every request metadata-only.
     let api: Api<PartialObjectMeta<K>> = Api::all(client.clone());
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let stream = watcher::watcher(api, super::watch_config()).default_backoff();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         // Generations last seen: only a spec change is news.

@@ -251,18 +251,15 @@ impl TriggerAuthStores {
             error: Arc::new(Mutex::new(None)),
             resource: "secrets",
         };
-        let stream = watcher(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(|secret: &mut Secret| {
-            secret.managed_fields_mut().clear();
-            // kubectl apply keeps the whole Secret, data and all, here.
-            secret.annotations_mut().clear();
-            secret.string_data = None;
-        })
-        .reflect(writer);
+        let stream = watcher(Api::<Secret>::all(client.clone()), super::watch_config())
+            .default_backoff()
+            .modify(|secret: &mut Secret| {
+                secret.managed_fields_mut().clear();
+                // kubectl apply keeps the whole Secret, data and all, here.
+                secret.annotations_mut().clear();
+                secret.string_data = None;
+            })
+            .reflect(writer);
         super::follow(
             stream,
             secrets.resource,
@@ -442,7 +439,7 @@ fn watch_dynamic(
         resource: name,
     };
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, super::watch_config())
         .default_backoff()
         .modify(|object: &mut DynamicObject| object.managed_fields_mut().clear())
         .reflect(writer);

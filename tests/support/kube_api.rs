@@ -94,6 +94,8 @@ struct ApiState {
     down: bool,
     /// Requests wait unanswered while set.
     hung: bool,
+    /// Requests arriving while set are never answered.
+    swallowing: bool,
     /// TokenReview: valid tokens → (user, audiences they were issued for).
     tokens: BTreeMap<String, (String, Vec<String>)>,
     token_reviews: u64,
@@ -122,6 +124,10 @@ impl FakeApi {
         let app = axum::Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
             let (state, live) = (shared.clone(), sender.clone());
             async move {
+                // Swallowed: a request that never gets an answer at all.
+                if state.lock().unwrap().swallowing {
+                    return std::future::pending().await;
+                }
                 // A hung API server: the request waits, unanswered, for
                 // as long as the hang lasts.
                 while state.lock().unwrap().hung {
@@ -359,6 +365,12 @@ impl FakeApi {
         self.lock().down = down;
     }
 
+    /// Requests arriving from now until `swallow(false)` are never
+    /// answered, not even after (a connection the server lost track of).
+    pub fn swallow(&self, swallowing: bool) {
+        self.lock().swallowing = swallowing;
+    }
+
     /// Every request waits, unanswered, until `set_hung(false)`.
     pub fn set_hung(&self, hung: bool) {
         self.lock().hung = hung;
@@ -552,8 +564,19 @@ fn handle(
                         Ok((version, of, line)) if version > last && of == plural => Some(line),
                         _ => None,
                     });
-                let stream = replayed
-                    .chain(live_lines)
+                // `timeoutSeconds`: the API server ends the watch then.
+                let ends = query
+                    .split('&')
+                    .find_map(|pair| pair.strip_prefix("timeoutSeconds="))
+                    .and_then(|seconds| seconds.parse().ok())
+                    .map(std::time::Duration::from_secs);
+                let end = async move {
+                    match ends {
+                        Some(after) => tokio::time::sleep(after).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let stream = futures::StreamExt::take_until(replayed.chain(live_lines), end)
                     .map(|line| Ok::<_, std::convert::Infallible>(Bytes::from(line)));
                 return Response::builder()
                     .header("content-type", "application/json")
