@@ -4,7 +4,7 @@
 mod support;
 
 use hoist::proto::GetMetricsRequest;
-use support::{Hoist, RedisServer, object};
+use support::{Hoist, RedisServer, eventually, object};
 use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -141,12 +141,48 @@ async fn admin_endpoints_answer_and_metrics_cover_rpcs_triggers_and_polls() {
         "hoist_pollers 1",
         "hoist_tracked_triggers 1",
         "hoist_triggers_without_value 0",
+        "hoist_push_triggers 0",
     ] {
         assert!(
             metrics.contains(expected),
             "missing `{expected}` in:\n{metrics}"
         );
     }
+
+    // A trigger KEDA pushes to counts while its stream is open, and after
+    // it closes for as long as the trigger stays tracked (within 6 h).
+    let pushed = object(
+        "pushed",
+        &[
+            ("scaler", "redis"),
+            ("address", &redis.address()),
+            ("listName", "jobs"),
+        ],
+    );
+    let push_triggers = || async {
+        let (_, metrics) = hoist.get("/metrics").await;
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("hoist_push_triggers "))
+            .map(str::to_string)
+    };
+    let mut stream = client.stream_is_active(pushed).await.unwrap().into_inner();
+    assert!(stream.message().await.unwrap().is_some());
+    assert_eq!(push_triggers().await.as_deref(), Some("1"));
+    drop(stream);
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the stream to close",
+        || async {
+            hoist
+                .get("/metrics")
+                .await
+                .1
+                .contains("hoist_open_streams 0")
+        },
+    )
+    .await;
+    assert_eq!(push_triggers().await.as_deref(), Some("1"));
 }
 
 #[tokio::test]

@@ -334,6 +334,9 @@ pub struct Tracked {
     interval_ms: Arc<AtomicU64>,
     last_seen_ms: AtomicU64,
     open_streams: AtomicUsize,
+    /// When a `StreamIsActive` stream of it last opened or closed (ms
+    /// since `epoch`; 0: never): KEDA pushes to it (`external-push`).
+    last_streamed_ms: AtomicU64,
     epoch: Instant,
     /// The TriggerAuthentication its credentials came from, and the
     /// version they were read at (a rotation shows as a new version).
@@ -428,7 +431,25 @@ impl Tracked {
     /// is open; dropping the guard releases it.
     pub fn stream_guard(self: &Arc<Self>) -> StreamGuard {
         self.open_streams.fetch_add(1, Ordering::Relaxed);
+        self.note_stream();
         StreamGuard(self.clone())
+    }
+
+    fn note_stream(&self) {
+        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
+        self.last_streamed_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// KEDA pushes to it: a stream is open, or was within
+    /// [`PUSHED_LATELY`] (a ScaledObject moved to `external` stops
+    /// counting then; a deleted one when it is evicted).
+    fn pushed_lately(&self) -> bool {
+        if self.open_streams.load(Ordering::Relaxed) > 0 {
+            return true;
+        }
+        let last = self.last_streamed_ms.load(Ordering::Relaxed);
+        let now = self.epoch.elapsed().as_millis() as u64;
+        last != 0 && now.saturating_sub(last) < PUSHED_LATELY.as_millis() as u64
     }
 
     fn idle_for(&self, now: Instant) -> Duration {
@@ -444,11 +465,16 @@ impl Tracked {
     }
 }
 
+/// How long a trigger counts as pushed to after its last stream
+/// (`hoist_push_triggers`).
+const PUSHED_LATELY: Duration = Duration::from_secs(6 * 3600);
+
 pub struct StreamGuard(Arc<Tracked>);
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         self.0.touch();
+        self.0.note_stream();
         self.0.open_streams.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -883,6 +909,7 @@ impl Driver {
             interval_ms,
             last_seen_ms: AtomicU64::new(0),
             open_streams: AtomicUsize::new(0),
+            last_streamed_ms: AtomicU64::new(0),
             epoch: self.inner.epoch,
             credentials,
         });
@@ -1302,6 +1329,14 @@ impl Collector for TriggerValues {
             prometheus_client::metrics::MetricType::Gauge,
         )?;
         ConstGauge::new(without_value).encode(missing)?;
+        let pushed = tracked_now.iter().filter(|t| t.pushed_lately()).count();
+        let push = encoder.encode_descriptor(
+            "hoist_push_triggers",
+            "Tracked triggers KEDA pushes to (external-push): a StreamIsActive stream open now or within 6 hours",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        ConstGauge::new(pushed as i64).encode(push)?;
         Ok(())
     }
 }
