@@ -185,8 +185,8 @@ fn parse(
             description: describe(scaler, &config).into(),
             endpoints: endpoints(&config),
             source: Arc::new(RedisSource {
-                shared: shared(connection),
-                config,
+                list_name: config.list_name.as_str().into(),
+                shared: shared(connection, config),
             }),
         },
         route: None,
@@ -309,6 +309,9 @@ impl Connection {
 /// database, credentials and TLS) shares: one socket per server however
 /// many lists are watched, instead of one per poller.
 struct Shared {
+    /// How to connect: the first source's settings (every source with this
+    /// connection key has the same; their lists are their own).
+    config: RedisConfig,
     /// The current connection and its generation; dialled on first use and
     /// again after a failure.
     current: Mutex<Option<(u64, Connection)>>,
@@ -326,7 +329,7 @@ struct SharedRegistry {
 
 /// The shared connection for `key`; it closes when the last source using
 /// it is dropped.
-fn shared(key: String) -> Arc<Shared> {
+fn shared(key: String, config: RedisConfig) -> Arc<Shared> {
     let mut registry = SHARED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(existing) = registry.by_key.get(&key).and_then(Weak::upgrade) {
         return existing;
@@ -336,6 +339,7 @@ fn shared(key: String) -> Arc<Shared> {
         registry.sweep_at = (registry.by_key.len() * 2).max(64);
     }
     let shared = Arc::new(Shared {
+        config,
         current: Mutex::new(None),
         generation: AtomicU64::new(0),
     });
@@ -343,12 +347,19 @@ fn shared(key: String) -> Arc<Shared> {
     shared
 }
 
+/// One list on a shared connection: a source holds its list's name, the
+/// connection holds the settings (a copy per source was most of what a
+/// tracked Redis trigger held).
 pub struct RedisSource {
-    config: RedisConfig,
+    list_name: Box<str>,
     shared: Arc<Shared>,
 }
 
 impl RedisSource {
+    fn config(&self) -> &RedisConfig {
+        &self.shared.config
+    }
+
     async fn measure(&self) -> Result<Measurement, ObserveError> {
         let (generation, mut connection) = {
             let mut current = self.shared.current.lock().await;
@@ -362,7 +373,7 @@ impl RedisSource {
                 }
             }
         };
-        match connection.length(&self.config.list_name).await {
+        match connection.length(&self.list_name).await {
             Ok(length) => Ok(Measurement::of(length as f64)),
             Err(error) => {
                 // The next poll of anyone sharing it dials again, unless
@@ -377,7 +388,7 @@ impl RedisSource {
     }
 
     async fn connect(&self) -> Result<Connection, ObserveError> {
-        let c = &self.config;
+        let c = self.config();
         if c.tls.enabled {
             // rustls needs one process-wide crypto provider; installing it
             // twice is harmless.
@@ -461,11 +472,11 @@ impl RedisSource {
 
     fn address(&self, address: &str) -> Result<ConnectionAddr, ObserveError> {
         let (host, port) = split_host_port(address).map_err(ObserveError::Config)?;
-        Ok(if self.config.tls.enabled {
+        Ok(if self.config().tls.enabled {
             ConnectionAddr::TcpTls {
                 host,
                 port,
-                insecure: self.config.tls.unsafe_ssl,
+                insecure: self.config().tls.unsafe_ssl,
                 tls_params: None,
             }
         } else {
@@ -475,11 +486,11 @@ impl RedisSource {
 
     fn node_info(&self, address: &str, db: i64) -> Result<ConnectionInfo, ObserveError> {
         let mut redis = RedisConnectionInfo::default().set_db(db);
-        if !self.config.username.is_empty() {
-            redis = redis.set_username(&self.config.username);
+        if !self.config().username.is_empty() {
+            redis = redis.set_username(&self.config().username);
         }
-        if !self.config.password.is_empty() {
-            redis = redis.set_password(self.config.password.expose());
+        if !self.config().password.is_empty() {
+            redis = redis.set_password(self.config().password.expose());
         }
         let info = self
             .address(address)?
@@ -490,7 +501,7 @@ impl RedisSource {
 
     /// Client certificate and CA from the auth profile, when TLS is on.
     fn certificates(&self) -> Result<Option<redis::TlsCertificates>, ObserveError> {
-        let c = &self.config;
+        let c = self.config();
         if !c.tls.enabled || (c.tls.ca.is_empty() && c.tls.cert.is_empty()) {
             return Ok(None);
         }

@@ -20,8 +20,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use poller::Poller;
 pub use poller::Schedule;
+use poller::{Poller, Scheduler};
 pub use reading::{PollError, Reading};
 pub use scaling::{
     Answer, Clock, CountPolicy, CountSource, Counting, HPA_SYNC_MILLIS, Insight, MetadataRules,
@@ -492,6 +492,8 @@ struct Inner {
     /// from ScaledObjects cannot be chosen to collide) instead of SipHash.
     triggers: RwLock<Triggers>,
     pollers: Mutex<HashMap<Arc<str>, Poller>>,
+    /// Runs every poller's polls.
+    scheduler: Scheduler,
     /// Engine-mode ScaledObjects by (namespace, name). Locked after `pollers`.
     /// Ordered by namespace, so a target's change finds its namespace's
     /// engines without walking every engine.
@@ -531,6 +533,7 @@ impl Driver {
             .routes
             .clone()
             .map(|rules| Arc::new(Registry::new(rules, changed.clone())));
+        let scheduler = Scheduler::start(metrics.clone(), cancel.clone());
         let driver = Self {
             inner: Arc::new(Inner {
                 settings: ArcSwap::from_pointee(settings),
@@ -539,6 +542,7 @@ impl Driver {
                 metrics,
                 triggers: RwLock::new(HashMap::default()),
                 pollers: Mutex::new(HashMap::new()),
+                scheduler,
                 scalings: Mutex::new(BTreeMap::new()),
                 restored: Mutex::new(Default::default()),
                 cluster: std::sync::OnceLock::new(),
@@ -872,12 +876,11 @@ impl Driver {
                     config.trigger.scaler,
                     query,
                     schedule,
-                    self.inner.cancel.child_token(),
-                    self.inner.metrics.clone(),
+                    &self.inner.scheduler,
                 )
             });
             poller.subscribe(id, schedule);
-            (poller.readings.clone(), poller.query.clone())
+            (poller.readings.clone(), poller.query().clone())
         };
         // The poller's question, the same as this one's: triggers sharing a
         // source share one copy of it (its connection settings, its key).

@@ -1,16 +1,25 @@
-//! One background task per distinct source query.
+//! Polling every distinct source query. One scheduler task keeps the next
+//! poll of every poller in a timer queue; a poll runs in a short-lived task
+//! of its own. A poller at rest is its state (a few hundred bytes), not a
+//! task: a task per poller, with its timers and select arms, was about a
+//! kilobyte, and with one source per ScaledObject 100,000 sources make that
+//! 100 MB.
 
-use std::sync::{Arc, Mutex};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use futures::FutureExt;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::time::{DelayQueue, delay_queue};
 use tracing::{debug, warn};
 
 use super::reading::{PollError, Reading};
 use crate::metrics::{Metrics, ScalerLabels, SourceLabels};
-use crate::scalers::Query;
+use crate::scalers::{ObserveError, Query};
 
 /// When and how long to poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,30 +36,276 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// Polls that a source's wake-ups cause are at least this far apart.
 const MIN_WAKE_GAP: Duration = Duration::from_millis(250);
 
-/// The schedule the registry sets and the poll loop follows: a value and a
-/// wake-up (a `watch` channel did this at ~380 bytes per poller; with one
-/// poller per source, 100,000 sources make that count).
-struct ScheduleCell {
-    current: Mutex<Schedule>,
-    changed: Notify,
+/// The scheduler every poller of a driver shares.
+#[derive(Clone)]
+pub struct Scheduler {
+    commands: mpsc::UnboundedSender<Command>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
 }
 
-impl ScheduleCell {
-    fn get(&self) -> Schedule {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner())
+enum Command {
+    /// Poll at this instant (replacing the one planned).
+    At(Arc<Shared>, Instant),
+    /// Poll at this instant, unless one is planned earlier.
+    NoLaterThan(Arc<Shared>, Instant),
+    /// Poll no more.
+    Remove(Arc<Shared>),
+}
+
+impl Scheduler {
+    /// Starts the scheduler task; it and every poll end with `cancel`.
+    pub fn start(metrics: Arc<Metrics>, cancel: CancellationToken) -> Self {
+        let (commands, received) = mpsc::unbounded_channel();
+        tokio::spawn(run(received, cancel.clone()));
+        Self {
+            commands,
+            metrics,
+            cancel,
+        }
     }
+
+    fn send(&self, command: Command) {
+        // Closed only once the scheduler ended (shutdown): nothing to do.
+        let _ = self.commands.send(command);
+    }
+}
+
+/// The scheduler task: polls fall due from the queue and start; commands
+/// place, move and remove them.
+async fn run(mut commands: mpsc::UnboundedReceiver<Command>, cancel: CancellationToken) {
+    let mut queue: DelayQueue<Arc<Shared>> = DelayQueue::new();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            command = commands.recv() => match command {
+                None => return,
+                Some(Command::At(shared, at)) => place(&mut queue, &shared, at, false),
+                Some(Command::NoLaterThan(shared, at)) => place(&mut queue, &shared, at, true),
+                Some(Command::Remove(shared)) => {
+                    if let Some(key) = shared.state().key.take() {
+                        queue.remove(&key);
+                    }
+                }
+            },
+            // Ready(None) when the queue is empty: the branch sleeps until
+            // the next command brings the loop round again.
+            Some(due) = std::future::poll_fn(|cx| match queue.poll_expired(cx) {
+                Poll::Ready(None) => Poll::Pending,
+                other => other,
+            }) => {
+                let shared = due.into_inner();
+                let started = Instant::now();
+                {
+                    let mut state = shared.state();
+                    state.key = None;
+                    if state.stopped {
+                        continue;
+                    }
+                    state.in_flight = true;
+                    state.started = Some(started);
+                }
+                tokio::spawn(poll_once(shared, started));
+            }
+        }
+    }
+}
+
+fn place(
+    queue: &mut DelayQueue<Arc<Shared>>,
+    shared: &Arc<Shared>,
+    at: Instant,
+    earlier_only: bool,
+) {
+    let mut state = shared.state();
+    if state.stopped || state.in_flight {
+        // A running poll plans the next itself when it ends.
+        return;
+    }
+    match &state.key {
+        Some(key) => {
+            if !earlier_only || at < queue.deadline(key) {
+                queue.reset_at(key, at);
+            }
+        }
+        None => state.key = Some(queue.insert_at(shared.clone(), at)),
+    }
+}
+
+/// A poller's state, shared by the registry's [`Poller`], the queue and a
+/// running poll.
+struct Shared {
+    query: Query,
+    labels: SourceLabels,
+    readings: watch::Sender<Reading>,
+    schedule: Mutex<Schedule>,
+    state: Mutex<State>,
+    scheduler: Scheduler,
+    /// Stops the wake-up listener of a source that has wake-ups.
+    wakeups: Option<CancellationToken>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Where the next poll waits in the queue (none while one runs).
+    key: Option<delay_queue::Key>,
+    in_flight: bool,
+    /// When the last poll started: the next is due an interval after.
+    started: Option<Instant>,
+    failures: u32,
+    /// Polls caused by wake-ups are spaced out among themselves only: a
+    /// cold start right after a scheduled poll is measured at once.
+    last_woken: Option<Instant>,
+    /// A wake-up came while a poll ran: poll again when it ends.
+    wake_pending: bool,
+    stopped: bool,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn schedule(&self) -> Schedule {
+        *self.schedule.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When the next scheduled poll is due, after one that started at
+    /// `started`: an interval later, or sooner after failures.
+    fn next_after(&self, started: Instant, failures: u32) -> Instant {
+        let interval = self.schedule().interval;
+        let wait = if failures == 0 {
+            interval
+        } else {
+            retry_delay(failures).min(interval)
+        };
+        started.checked_add(wait).unwrap_or_else(far_future)
+    }
+
+    /// The source says its value just changed (a cold start began):
+    /// measure now, not at the next tick, but not more often than
+    /// `MIN_WAKE_GAP` however often it says so.
+    fn wake(self: &Arc<Self>) {
+        let at = {
+            let mut state = self.state();
+            if state.stopped {
+                return;
+            }
+            if state.in_flight {
+                state.wake_pending = true;
+                return;
+            }
+            woken_at(&mut state)
+        };
+        self.scheduler.send(Command::NoLaterThan(self.clone(), at));
+    }
+}
+
+/// When a wake-up's poll may run, noted as the last one.
+fn woken_at(state: &mut State) -> Instant {
+    let now = Instant::now();
+    let at = state
+        .last_woken
+        .map_or(now, |last| (last + MIN_WAKE_GAP).max(now));
+    state.last_woken = Some(at);
+    at
+}
+
+/// One poll: observe the source within the timeout, publish the reading,
+/// plan the next.
+async fn poll_once(shared: Arc<Shared>, started: Instant) {
+    let scheduler = shared.scheduler.clone();
+    let timeout = shared.schedule().timeout;
+    // A panic in a source is that poll's failure, not the scheduler's.
+    let observe = AssertUnwindSafe(shared.query.source.observe()).catch_unwind();
+    let outcome = tokio::select! {
+        _ = scheduler.cancel.cancelled() => return,
+        outcome = tokio::time::timeout(timeout, observe) => outcome,
+    };
+    scheduler
+        .metrics
+        .poll_duration
+        .get_or_create(&ScalerLabels {
+            scaler: shared.labels.scaler,
+        })
+        .observe(started.elapsed().as_secs_f64());
+    let result = match outcome {
+        Ok(Ok(Ok(measurement))) => Ok(measurement),
+        Ok(Ok(Err(error))) => Err(PollError::Observe(error)),
+        Ok(Err(_panicked)) => Err(PollError::Observe(ObserveError::Query(
+            "the measurement panicked (a bug in hoist: please report it)".into(),
+        ))),
+        Err(_) => Err(PollError::Timeout(timeout)),
+    };
+    let description = &shared.query.description;
+    let (before, failures) = {
+        let mut state = shared.state();
+        let before = state.failures;
+        state.failures = match result {
+            Ok(_) => 0,
+            Err(_) => before.saturating_add(1),
+        };
+        (before, state.failures)
+    };
+    match result {
+        Ok(measurement) => {
+            if before > 0 {
+                warn!(source = %description, after_failures = before, "source recovered");
+            }
+            shared.readings.send_replace(Reading::Value {
+                value: measurement.value,
+                activity: measurement.activity,
+                at: Instant::now(),
+            });
+        }
+        Err(error) => {
+            scheduler
+                .metrics
+                .poll_errors
+                .get_or_create(&shared.labels)
+                .inc();
+            // One line when a source breaks, then quiet at debug.
+            if failures == 1 {
+                warn!(source = %description, %error, "poll failed");
+            } else {
+                debug!(source = %description, %error, failures, "poll failed again");
+            }
+            let last_value = shared.readings.borrow().last_value();
+            shared.readings.send_replace(Reading::Failed {
+                error,
+                at: Instant::now(),
+                consecutive_failures: failures,
+                last_value,
+            });
+        }
+    }
+    let next = {
+        let mut state = shared.state();
+        state.in_flight = false;
+        if state.stopped {
+            return;
+        }
+        let scheduled = shared.next_after(started, failures);
+        if std::mem::take(&mut state.wake_pending) {
+            woken_at(&mut state).min(scheduled)
+        } else {
+            scheduled
+        }
+    };
+    scheduler.send(Command::At(shared, next));
+}
+
+/// Far enough never to come (an interval too long to add).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
 }
 
 /// The registry's view of a running poller.
 pub struct Poller {
     pub readings: watch::Receiver<Reading>,
-    schedule: Arc<ScheduleCell>,
-    cancel: CancellationToken,
+    shared: Arc<Shared>,
     /// By subscriber id: usually one, so a list, not a map.
     subscribers: Vec<(u64, Schedule)>,
-    labels: SourceLabels,
-    /// The question it asks, which its subscribers share.
-    pub query: Query,
 }
 
 impl Poller {
@@ -59,35 +314,51 @@ impl Poller {
         scaler: &'static str,
         query: &Query,
         first: Schedule,
-        cancel: CancellationToken,
-        metrics: Arc<Metrics>,
+        scheduler: &Scheduler,
     ) -> Self {
         let (readings_tx, readings) = watch::channel(Reading::Pending);
-        let schedule = Arc::new(ScheduleCell {
-            current: Mutex::new(first),
-            changed: Notify::new(),
-        });
-        let labels = SourceLabels {
-            scaler,
-            source: query.description.clone(),
-        };
-        let task = PollLoop {
+        let wakeups = query.source.wakeups();
+        let shared = Arc::new(Shared {
             query: query.clone(),
-            labels: labels.clone(),
-            schedule: schedule.clone(),
+            labels: SourceLabels {
+                scaler,
+                source: query.description.clone(),
+            },
             readings: readings_tx,
-            cancel: cancel.clone(),
-            metrics,
-        };
-        tokio::spawn(task.run());
+            schedule: Mutex::new(first),
+            state: Mutex::new(State::default()),
+            scheduler: scheduler.clone(),
+            wakeups: wakeups.as_ref().map(|_| scheduler.cancel.child_token()),
+        });
+        if let (Some(mut receiver), Some(stop)) = (wakeups, shared.wakeups.clone()) {
+            // Only sources with wake-ups (hoist's own traffic) have a task.
+            let listener = shared.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        changed = receiver.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            listener.wake();
+                        }
+                    }
+                }
+            });
+        }
+        debug!(source = %query.description, "poller started");
+        scheduler.send(Command::At(shared.clone(), Instant::now()));
         Self {
             readings,
-            schedule,
-            cancel,
+            shared,
             subscribers: Vec::new(),
-            labels,
-            query: query.clone(),
         }
+    }
+
+    /// The question it asks, which its subscribers share.
+    pub fn query(&self) -> &Query {
+        &self.shared.query
     }
 
     pub fn subscribe(&mut self, subscriber: u64, wanted: Schedule) {
@@ -114,163 +385,78 @@ impl Poller {
 
     /// The shortest interval any subscriber asked for; the longest timeout
     /// (bounded by that interval), so no subscriber's patience is cut short.
+    /// A new interval moves the next poll (earlier or later) from when the
+    /// last one started.
     fn reschedule(&self) {
         let interval = self.subscribers.iter().map(|(_, s)| s.interval).min();
         let timeout = self.subscribers.iter().map(|(_, s)| s.timeout).max();
-        if let (Some(interval), Some(timeout)) = (interval, timeout) {
-            let schedule = Schedule {
-                interval,
-                timeout: timeout.min(interval.max(Duration::from_millis(1))),
-            };
+        let (Some(interval), Some(timeout)) = (interval, timeout) else {
+            return;
+        };
+        let schedule = Schedule {
+            interval,
+            timeout: timeout.min(interval.max(Duration::from_millis(1))),
+        };
+        {
             let mut current = self
+                .shared
                 .schedule
-                .current
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if *current != schedule {
-                *current = schedule;
-                drop(current);
-                // A permit if the loop is not waiting: it reads the new
-                // schedule at its next wait.
-                self.schedule.changed.notify_one();
+            if *current == schedule {
+                return;
             }
+            *current = schedule;
         }
+        let next = {
+            let state = self.shared.state();
+            match state.started {
+                // Not polled yet (its first poll is due now), or polling:
+                // the poll plans the next with the new interval.
+                Some(started) if !state.in_flight && !state.stopped => {
+                    self.shared.next_after(started, state.failures)
+                }
+                _ => return,
+            }
+        };
+        self.shared
+            .scheduler
+            .send(Command::At(self.shared.clone(), next));
     }
 
-    /// Whether the polling task has ended (it only does when stopped, or
-    /// if it panicked); a dead poller must be replaced, not joined.
+    /// Whether the scheduler has ended (only at shutdown, or if it
+    /// panicked); a dead poller must be replaced, not joined.
     pub fn is_dead(&self) -> bool {
-        self.readings.has_changed().is_err()
+        self.shared.scheduler.commands.is_closed()
     }
 
     pub fn stop(&self, metrics: &Metrics) {
-        self.cancel.cancel();
-        metrics.poll_errors.remove(&self.labels);
+        self.halt();
+        metrics.poll_errors.remove(&self.shared.labels);
+    }
+
+    fn halt(&self) {
+        {
+            let mut state = self.shared.state();
+            if state.stopped {
+                return;
+            }
+            state.stopped = true;
+        }
+        if let Some(wakeups) = &self.shared.wakeups {
+            wakeups.cancel();
+        }
+        self.shared
+            .scheduler
+            .send(Command::Remove(self.shared.clone()));
+        debug!(source = %self.shared.query.description, "poller stopped");
     }
 }
 
 impl Drop for Poller {
     /// A poller nobody holds polls no more.
     fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
-struct PollLoop {
-    query: Query,
-    labels: SourceLabels,
-    schedule: Arc<ScheduleCell>,
-    readings: watch::Sender<Reading>,
-    cancel: CancellationToken,
-    metrics: Arc<Metrics>,
-}
-
-impl PollLoop {
-    async fn run(self) {
-        let description = self.query.description.clone();
-        let mut wakeups = self.query.source.wakeups();
-        // Polls caused by wake-ups are spaced out among themselves only: a
-        // cold start right after a scheduled poll is measured at once.
-        let mut last_woken: Option<Instant> = None;
-        debug!(source = %description, "poller started");
-        let mut failures: u32 = 0;
-        loop {
-            let timeout = self.schedule.get().timeout;
-            let started = Instant::now();
-            let outcome = tokio::select! {
-                _ = self.cancel.cancelled() => break,
-                outcome = tokio::time::timeout(timeout, self.query.source.observe()) => outcome,
-            };
-            self.metrics
-                .poll_duration
-                .get_or_create(&ScalerLabels {
-                    scaler: self.labels.scaler,
-                })
-                .observe(started.elapsed().as_secs_f64());
-            let result = match outcome {
-                Ok(Ok(measurement)) => Ok(measurement),
-                Ok(Err(error)) => Err(PollError::Observe(error)),
-                Err(_) => Err(PollError::Timeout(timeout)),
-            };
-            match result {
-                Ok(measurement) => {
-                    if failures > 0 {
-                        warn!(source = %description, after_failures = failures, "source recovered");
-                    }
-                    failures = 0;
-                    self.readings.send_replace(Reading::Value {
-                        value: measurement.value,
-                        activity: measurement.activity,
-                        at: Instant::now(),
-                    });
-                }
-                Err(error) => {
-                    failures = failures.saturating_add(1);
-                    self.metrics.poll_errors.get_or_create(&self.labels).inc();
-                    // One line when a source breaks, then quiet at debug.
-                    if failures == 1 {
-                        warn!(source = %description, %error, "poll failed");
-                    } else {
-                        debug!(source = %description, %error, failures, "poll failed again");
-                    }
-                    let last_value = self.readings.borrow().last_value();
-                    self.readings.send_replace(Reading::Failed {
-                        error,
-                        at: Instant::now(),
-                        consecutive_failures: failures,
-                        last_value,
-                    });
-                }
-            }
-
-            // Wait for the next poll; a new subscriber may shorten the
-            // interval, which moves the next poll earlier (never to now).
-            loop {
-                let interval = self.schedule.get().interval;
-                let wait = if failures == 0 {
-                    interval
-                } else {
-                    retry_delay(failures).min(interval)
-                };
-                tokio::select! {
-                    _ = self.cancel.cancelled() => {
-                        debug!(source = %description, "poller stopped");
-                        return;
-                    }
-                    _ = sleep_until_or_forever(started.checked_add(wait)) => break,
-                    // The source says its value just changed (a cold start
-                    // began): measure now, not at the next tick, but not
-                    // more often than MIN_WAKE_GAP however often it says so.
-                    () = woken(&mut wakeups) => {
-                        let earliest = last_woken.map(|at| at + MIN_WAKE_GAP);
-                        tokio::select! {
-                            _ = self.cancel.cancelled() => return,
-                            _ = sleep_until_or_forever(earliest.or(Some(Instant::now()))) => {}
-                        }
-                        last_woken = Some(Instant::now());
-                        break;
-                    }
-                    () = self.schedule.changed.notified() => {}
-                }
-            }
-        }
-        debug!(source = %description, "poller stopped");
-    }
-}
-
-async fn woken(wakeups: &mut Option<watch::Receiver<u64>>) {
-    let Some(receiver) = wakeups else {
-        return std::future::pending().await;
-    };
-    if receiver.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
-async fn sleep_until_or_forever(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
+        self.halt();
     }
 }
 
