@@ -340,7 +340,9 @@ pub struct Tracked {
     epoch: Instant,
     /// The TriggerAuthentication its credentials came from, and the
     /// version they were read at (a rotation shows as a new version).
-    credentials: Option<(AuthenticationRef, String)>,
+    /// Boxed: most triggers have none, and every tracked trigger holds
+    /// this field.
+    credentials: Option<Box<(AuthenticationRef, String)>>,
 }
 
 impl Tracked {
@@ -711,7 +713,7 @@ impl Driver {
     /// Whether the TriggerAuthentication (or a Secret it reads) changed
     /// since the trigger's credentials were read.
     fn credentials_rotated(&self, tracked: &Tracked) -> bool {
-        let Some((reference, version)) = &tracked.credentials else {
+        let Some((reference, version)) = tracked.credentials.as_deref() else {
             return false;
         };
         match self.resolve_credentials(&tracked.key.namespace, reference) {
@@ -755,7 +757,7 @@ impl Driver {
             .read_triggers()
             .values()
             .filter_map(|tracked| {
-                let authentication = match &tracked.credentials {
+                let authentication = match tracked.credentials.as_deref() {
                     None => Ok(None),
                     Some((reference, _)) => self
                         .resolve_credentials(&tracked.key.namespace, reference)
@@ -914,7 +916,7 @@ impl Driver {
             open_streams: AtomicUsize::new(0),
             last_streamed_ms: AtomicU64::new(0),
             epoch: self.inner.epoch,
-            credentials,
+            credentials: credentials.map(Box::new),
         });
         tracked.touch();
         self.inner

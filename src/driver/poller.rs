@@ -36,9 +36,11 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// Polls that a source's wake-ups cause are at least this far apart.
 const MIN_WAKE_GAP: Duration = Duration::from_millis(250);
 
-/// The scheduler every poller of a driver shares.
+/// The scheduler every poller of a driver shares (one pointer in each).
 #[derive(Clone)]
-pub struct Scheduler {
+pub struct Scheduler(Arc<SchedulerParts>);
+
+struct SchedulerParts {
     commands: mpsc::UnboundedSender<Command>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
@@ -58,16 +60,16 @@ impl Scheduler {
     pub fn start(metrics: Arc<Metrics>, cancel: CancellationToken) -> Self {
         let (commands, received) = mpsc::unbounded_channel();
         tokio::spawn(run(received, cancel.clone()));
-        Self {
+        Self(Arc::new(SchedulerParts {
             commands,
             metrics,
             cancel,
-        }
+        }))
     }
 
     fn send(&self, command: Command) {
         // Closed only once the scheduler ended (shutdown): nothing to do.
-        let _ = self.commands.send(command);
+        let _ = self.0.commands.send(command);
     }
 }
 
@@ -136,7 +138,7 @@ fn place(
 /// running poll.
 struct Shared {
     query: Query,
-    labels: SourceLabels,
+    scaler: &'static str,
     readings: watch::Sender<Reading>,
     schedule: Mutex<Schedule>,
     state: Mutex<State>,
@@ -164,6 +166,14 @@ struct State {
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The labels of its series (built when needed: a poller keeps none).
+    fn labels(&self) -> SourceLabels {
+        SourceLabels {
+            scaler: self.scaler,
+            source: self.query.description.clone(),
+        }
     }
 
     fn schedule(&self) -> Schedule {
@@ -219,14 +229,15 @@ async fn poll_once(shared: Arc<Shared>, started: Instant) {
     // A panic in a source is that poll's failure, not the scheduler's.
     let observe = AssertUnwindSafe(shared.query.source.observe()).catch_unwind();
     let outcome = tokio::select! {
-        _ = scheduler.cancel.cancelled() => return,
+        _ = scheduler.0.cancel.cancelled() => return,
         outcome = tokio::time::timeout(timeout, observe) => outcome,
     };
     scheduler
+        .0
         .metrics
         .poll_duration
         .get_or_create(&ScalerLabels {
-            scaler: shared.labels.scaler,
+            scaler: shared.scaler,
         })
         .observe(started.elapsed().as_secs_f64());
     let result = match outcome {
@@ -260,9 +271,10 @@ async fn poll_once(shared: Arc<Shared>, started: Instant) {
         }
         Err(error) => {
             scheduler
+                .0
                 .metrics
                 .poll_errors
-                .get_or_create(&shared.labels)
+                .get_or_create(&shared.labels())
                 .inc();
             // One line when a source breaks, then quiet at debug.
             if failures == 1 {
@@ -320,15 +332,12 @@ impl Poller {
         let wakeups = query.source.wakeups();
         let shared = Arc::new(Shared {
             query: query.clone(),
-            labels: SourceLabels {
-                scaler,
-                source: query.description.clone(),
-            },
+            scaler,
             readings: readings_tx,
             schedule: Mutex::new(first),
             state: Mutex::new(State::default()),
             scheduler: scheduler.clone(),
-            wakeups: wakeups.as_ref().map(|_| scheduler.cancel.child_token()),
+            wakeups: wakeups.as_ref().map(|_| scheduler.0.cancel.child_token()),
         });
         if let (Some(mut receiver), Some(stop)) = (wakeups, shared.wakeups.clone()) {
             // Only sources with wake-ups (hoist's own traffic) have a task.
@@ -427,12 +436,12 @@ impl Poller {
     /// Whether the scheduler has ended (only at shutdown, or if it
     /// panicked); a dead poller must be replaced, not joined.
     pub fn is_dead(&self) -> bool {
-        self.shared.scheduler.commands.is_closed()
+        self.shared.scheduler.0.commands.is_closed()
     }
 
     pub fn stop(&self, metrics: &Metrics) {
         self.halt();
-        metrics.poll_errors.remove(&self.shared.labels);
+        metrics.poll_errors.remove(&self.shared.labels());
     }
 
     fn halt(&self) {
