@@ -51,6 +51,10 @@ enum Command {
     At(Arc<Shared>, Instant),
     /// Poll at this instant, unless one is planned earlier.
     NoLaterThan(Arc<Shared>, Instant),
+    /// A poll that started then has ended: plan the next, from the
+    /// schedule and wake-ups as they are when the scheduler takes this
+    /// (changes made while the poll ran wait for it, not race it).
+    Ended(Arc<Shared>, Instant),
     /// Poll no more.
     Remove(Arc<Shared>),
 }
@@ -84,9 +88,10 @@ async fn run(mut commands: mpsc::UnboundedReceiver<Command>, cancel: Cancellatio
                 None => return,
                 Some(Command::At(shared, at)) => place(&mut queue, &shared, at, false),
                 Some(Command::NoLaterThan(shared, at)) => place(&mut queue, &shared, at, true),
+                Some(Command::Ended(shared, started)) => ended(&mut queue, &shared, started),
                 Some(Command::Remove(shared)) => {
                     if let Some(key) = shared.state().key.take() {
-                        queue.remove(&key);
+                        queue.try_remove(&key);
                     }
                 }
             },
@@ -111,6 +116,25 @@ async fn run(mut commands: mpsc::UnboundedReceiver<Command>, cancel: Cancellatio
             }
         }
     }
+}
+
+/// After a poll: the next one an interval (or a retry delay) after it
+/// started, or sooner for a wake-up that came meanwhile.
+fn ended(queue: &mut DelayQueue<Arc<Shared>>, shared: &Arc<Shared>, started: Instant) {
+    let next = {
+        let mut state = shared.state();
+        state.in_flight = false;
+        if state.stopped {
+            return;
+        }
+        let scheduled = shared.next_after(started, state.failures);
+        if std::mem::take(&mut state.wake_pending) {
+            woken_at(&mut state).min(scheduled)
+        } else {
+            scheduled
+        }
+    };
+    place(queue, shared, next, false);
 }
 
 fn place(
@@ -291,20 +315,9 @@ async fn poll_once(shared: Arc<Shared>, started: Instant) {
             });
         }
     }
-    let next = {
-        let mut state = shared.state();
-        state.in_flight = false;
-        if state.stopped {
-            return;
-        }
-        let scheduled = shared.next_after(started, failures);
-        if std::mem::take(&mut state.wake_pending) {
-            woken_at(&mut state).min(scheduled)
-        } else {
-            scheduled
-        }
-    };
-    scheduler.send(Command::At(shared, next));
+    // Still in flight until the scheduler takes this: wake-ups and new
+    // schedules meanwhile are applied by it, in order.
+    scheduler.send(Command::Ended(shared, started));
 }
 
 /// Far enough never to come (an interval too long to add).
@@ -480,6 +493,85 @@ fn retry_delay(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use crate::scalers::{Measurement, Source};
+
+    /// A source whose polls are counted and wait for the test's release.
+    struct Gated {
+        polls: AtomicU32,
+        release: tokio::sync::Semaphore,
+        wakeups: watch::Sender<u64>,
+    }
+
+    impl Source for Gated {
+        fn observe(&self) -> futures::future::BoxFuture<'_, Result<Measurement, ObserveError>> {
+            Box::pin(async {
+                self.polls.fetch_add(1, Ordering::SeqCst);
+                self.release.acquire().await.unwrap().forget();
+                Ok(Measurement::of(1.0))
+            })
+        }
+
+        fn wakeups(&self) -> Option<watch::Receiver<u64>> {
+            Some(self.wakeups.subscribe())
+        }
+    }
+
+    /// A wake-up and a shorter interval that come while a poll runs are
+    /// applied when it ends (they raced the poll's own planning once).
+    #[tokio::test(start_paused = true)]
+    async fn what_comes_during_a_poll_applies_when_it_ends() {
+        let source = Arc::new(Gated {
+            polls: AtomicU32::new(0),
+            release: tokio::sync::Semaphore::new(0),
+            wakeups: watch::Sender::new(0),
+        });
+        let query = Query {
+            key: "gated".into(),
+            description: "gated".into(),
+            endpoints: Vec::new(),
+            source: source.clone(),
+        };
+        let scheduler = Scheduler::start(Arc::new(Metrics::default()), CancellationToken::new());
+        let hour = Schedule {
+            interval: Duration::from_secs(3600),
+            timeout: Duration::from_secs(3600),
+        };
+        let mut poller = Poller::spawn("test", &query, hour, &scheduler);
+        poller.subscribe(1, hour);
+        let polls = || source.polls.load(Ordering::SeqCst);
+        let settle = || tokio::time::sleep(Duration::from_millis(10));
+
+        settle().await;
+        assert_eq!(polls(), 1, "the first poll runs at once");
+        // A wake-up while it runs: the next poll comes right after it.
+        source.wakeups.send_modify(|n| *n += 1);
+        settle().await;
+        source.release.add_permits(1);
+        settle().await;
+        assert_eq!(polls(), 2, "the wake-up's poll follows the first");
+        source.release.add_permits(1);
+        settle().await;
+        // A shorter interval while the next runs is the one it plans with.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(polls(), 3);
+        poller.subscribe(
+            1,
+            Schedule {
+                interval: Duration::from_secs(10),
+                timeout: Duration::from_secs(10),
+            },
+        );
+        source.release.add_permits(1);
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(polls(), 4, "ten seconds after, not an hour");
+        source.release.add_permits(10);
+        poller.stop(&Metrics::default());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(polls(), 4, "a stopped poller polls no more");
+    }
 
     #[test]
     fn retries_double_from_one_second() {

@@ -111,6 +111,10 @@ pub struct State {
     /// not count against the next one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending_step: Option<PendingStep>,
+    /// Since when the engine has decided zero while replicas still run:
+    /// the start of [`HOLD_FOR_KEDA_MILLIS`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub going_to_zero_since: Option<Millis>,
     /// Per trigger: the last reading seen and consecutive failures.
     pub triggers: BTreeMap<String, TriggerState>,
 }
@@ -335,13 +339,13 @@ pub fn decide_observed(
         }
     } else if !active && errors.is_empty() && min == 0 {
         // Counting from the cluster, `current` is what runs until KEDA's
-        // poll takes it to zero.
-        let cooldown_ended = state
-            .last_active
-            .map_or(now, |at| at.saturating_add(cooldown));
+        // poll takes it to zero: held from the first decision of zero
+        // (which may come well after the cooldown's end, a trigger having
+        // failed meanwhile).
+        let since = *state.going_to_zero_since.get_or_insert(now);
         let hold = interval.saturating_mul(2).max(HOLD_FOR_KEDA_MILLIS);
         let held_for_keda = observed
-            .filter(|_| now < cooldown_ended.saturating_add(hold))
+            .filter(|_| now < since.saturating_add(hold))
             .map(|_| current);
         let mut message = format!(
             "no activity for cooldownPeriod ({} s): scaled to zero",
@@ -392,6 +396,9 @@ pub fn decide_observed(
         }
     };
 
+    if decision.held_for_keda.is_none() && (decision.replicas != 0 || current == 0) {
+        state.going_to_zero_since = None;
+    }
     state.current_replicas = decision.replicas;
     state.count_known = true;
     state.active = decision.active;

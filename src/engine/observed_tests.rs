@@ -200,24 +200,50 @@ fn going_to_zero_the_running_count_is_reported_until_keda_can_poll() {
     let rules = Rules::default();
     // Active until T0, cooldown 300 s: zero is decided after it.
     let ended = T0 + 300_000 + 1;
-    let decide = |at: Millis, observed: Option<Observed>| {
-        let mut state = State {
-            current_replicas: 30,
-            active: true,
-            last_active: Some(T0),
-            ..State::default()
-        };
-        decide_observed(&mut state, &rules, &[reading(0.0)], at, observed)
+    let fresh = || State {
+        current_replicas: 30,
+        active: true,
+        last_active: Some(T0),
+        ..State::default()
     };
-    let zero = decide(ended, counts(30, 30));
+    let mut state = fresh();
+    let zero = decide_observed(&mut state, &rules, &[reading(0.0)], ended, counts(30, 30));
     assert_eq!((zero.replicas, zero.reason), (0, Reason::Inactive));
     assert!(!zero.active);
     // The HPA is told the 30 that run (it cannot go to zero itself; KEDA's
     // next poll does), not 0, which it would take to its minimum first.
     assert_eq!(zero.reported_replicas(), 30);
-    // KEDA had time to poll: 0 is reported.
-    let late = decide(ended + HOLD_FOR_KEDA_MILLIS, counts(30, 30));
+    // KEDA had time to poll since zero was first decided: 0 is reported.
+    let late = decide_observed(
+        &mut state,
+        &rules,
+        &[reading(0.0)],
+        ended + HOLD_FOR_KEDA_MILLIS,
+        counts(30, 30),
+    );
     assert_eq!(late.reported_replicas(), 0);
+    // Zero decided long after the cooldown ended (a trigger failed
+    // meanwhile): the hold runs from that decision.
+    let mut state = fresh();
+    let delayed = decide_observed(
+        &mut state,
+        &rules,
+        &[reading(0.0)],
+        ended + 600_000,
+        counts(30, 30),
+    );
+    assert_eq!(delayed.reported_replicas(), 30);
+    // KEDA took it to zero: the next time starts afresh.
+    decide_observed(
+        &mut state,
+        &rules,
+        &[reading(0.0)],
+        ended + 610_000,
+        counts(0, 0),
+    );
+    assert_eq!(state.going_to_zero_since, None);
     // Counting from its own decisions the engine cannot know what runs.
-    assert_eq!(decide(ended, None).reported_replicas(), 0);
+    let mut state = fresh();
+    let own = decide_observed(&mut state, &rules, &[reading(0.0)], ended, None);
+    assert_eq!(own.reported_replicas(), 0);
 }
