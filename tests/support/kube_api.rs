@@ -172,10 +172,13 @@ impl FakeApi {
         let created = existing.unwrap_or_else(|| {
             let mut state = self.lock();
             state.created += 1;
+            let seconds = state.created;
             json!(format!(
-                "2026-01-01T00:{:02}:{:02}Z",
-                state.created / 60,
-                state.created % 60
+                "2026-01-{:02}T{:02}:{:02}:{:02}Z",
+                1 + seconds / 86_400,
+                seconds / 3600 % 24,
+                seconds / 60 % 60,
+                seconds % 60
             ))
         });
         self.put_scaled_object_created(namespace, name, spec, created.as_str().unwrap_or_default());
