@@ -1297,7 +1297,9 @@ impl Collector for TriggerValues {
         let tracked_now = self.0.tracked();
         let mut series: HashMap<TriggerLabels, (u64, f64)> = HashMap::new();
         let mut without_value: i64 = 0;
+        let mut pushed: i64 = 0;
         for tracked in &tracked_now {
+            pushed += i64::from(tracked.pushed_lately());
             let Some(value) = tracked.latest().value() else {
                 without_value += 1;
                 continue;
@@ -1334,14 +1336,13 @@ impl Collector for TriggerValues {
             prometheus_client::metrics::MetricType::Gauge,
         )?;
         ConstGauge::new(without_value).encode(missing)?;
-        let pushed = tracked_now.iter().filter(|t| t.pushed_lately()).count();
         let push = encoder.encode_descriptor(
             "hoist_push_triggers",
             "Tracked triggers KEDA pushes to (external-push): a StreamIsActive stream open now or within 6 hours",
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
-        ConstGauge::new(pushed as i64).encode(push)?;
+        ConstGauge::new(pushed).encode(push)?;
         Ok(())
     }
 }

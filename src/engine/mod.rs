@@ -243,8 +243,7 @@ pub fn decide_observed(
     observed: Option<Observed>,
 ) -> Decision {
     if let Some(observed) = observed {
-        state.current_replicas = observed.spec_replicas;
-        settle_pending_step(state, rules, observed.spec_replicas, now);
+        observe_applied(state, rules, observed, now);
     }
     let ratio_replicas = observed.map_or(state.current_replicas, |o| o.status_replicas);
     let cooldown = rules.cooldown_period.saturating_mul(1000);
@@ -862,10 +861,11 @@ fn record_step(
     }
 }
 
-/// The cluster shows the engine's own last answer applied (the HPA synced
-/// it): the count is taken and the step recorded, but nothing is decided.
-/// The next step waits for the interval: ACA steps once per evaluation,
-/// not once per HPA sync.
+/// Takes the cluster's count and records the pending step it shows
+/// applied. Alone (not through [`decide_observed`]) when the target moved
+/// to the engine's own last answer (the HPA synced it): nothing is
+/// decided, and the next step waits for the interval, as ACA steps once
+/// per evaluation, not once per HPA sync.
 pub fn observe_applied(state: &mut State, rules: &Rules, observed: Observed, now: Millis) {
     state.current_replicas = observed.spec_replicas;
     settle_pending_step(state, rules, observed.spec_replicas, now);
