@@ -294,6 +294,38 @@ async fn an_outside_scale_is_seen_at_once_not_at_the_next_interval() {
 }
 
 #[tokio::test]
+async fn an_edited_target_is_followed_at_once_and_its_outside_scales_too() {
+    // 50 jobs at 5 each want 10; evaluated once a minute, and the test
+    // waits at most LIMIT (15 s): every step below comes from the watch.
+    let World {
+        redis: _redis,
+        api,
+        hoist,
+        worker,
+    } = world(50, 50, 10, &[("pollingInterval", "60")]).await;
+    replicas_become(&hoist, &worker, 10.0).await;
+
+    // The ScaledObject now scales `worker-v2`, where 2 run: the engine
+    // steps from 2 (ACA: 2 → 4), not from the 10 of the old target.
+    api.set_scale("deployments", "orders", "worker-v2", 2, 2);
+    let moved = json!({"scaleTargetRef": {"name": "worker-v2"}, "maxReplicaCount": 50});
+    api.put_scaled_object("orders", "worker", with_triggers(moved, &[&worker]));
+    replicas_become(&hoist, &worker, 4.0).await;
+
+    // `kubectl scale` of the new target is an outside change of this
+    // engine's; one of the old target is no longer.
+    api.set_scale("deployments", "orders", "worker", 1, 1);
+    api.set_scale("deployments", "orders", "worker-v2", 3, 3);
+    replicas_become(&hoist, &worker, 6.0).await;
+
+    // A lowered maximum (the ScaledObject's, the metadata writes none) is
+    // taken at once, not a minute later.
+    let lowered = json!({"scaleTargetRef": {"name": "worker-v2"}, "maxReplicaCount": 5});
+    api.put_scaled_object("orders", "worker", with_triggers(lowered, &[&worker]));
+    replicas_become(&hoist, &worker, 5.0).await;
+}
+
+#[tokio::test]
 async fn statefulsets_and_custom_resources_are_counted_through_their_scale() {
     let redis = RedisServer::start();
     fill(&redis, "db", 25);

@@ -243,8 +243,12 @@ impl Cluster {
         {
             let (changes, listed) = (cluster.changes.clone(), cluster.jobs_listed.clone());
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &scaled_jobs());
-            let stream =
-                reflector::reflector(jobs_writer, watcher(api, watch_config()).default_backoff());
+            let stream = reflector::reflector(
+                jobs_writer,
+                watcher(api, watch_config())
+                    .default_backoff()
+                    .modify(keep_what_is_read),
+            );
             follow(
                 stream,
                 "scaledjobs.keda.sh",
@@ -264,7 +268,12 @@ impl Cluster {
         let changes = cluster.changes.clone();
         let listed = cluster.listed.clone();
         let api: Api<DynamicObject> = Api::all_with(client, &resource);
-        let stream = reflector::reflector(writer, watcher(api, watch_config()).default_backoff());
+        let stream = reflector::reflector(
+            writer,
+            watcher(api, watch_config())
+                .default_backoff()
+                .modify(keep_what_is_read),
+        );
         follow(
             stream,
             "scaledobjects.keda.sh",
@@ -539,6 +548,22 @@ async fn from_file(path: &Path) -> Result<kube::Config, ClusterError> {
         })
 }
 
+/// Drops from a stored ScaledObject or ScaledJob what hoist never reads:
+/// KEDA's status (rewritten on every poll of an active object), the
+/// field managers, and the copy of the whole object `kubectl apply` keeps
+/// in an annotation. In a real cluster they are most of an object's
+/// bytes, and the store holds every object.
+fn keep_what_is_read(object: &mut DynamicObject) {
+    use kube::ResourceExt;
+    object.managed_fields_mut().clear();
+    object
+        .annotations_mut()
+        .remove("kubectl.kubernetes.io/last-applied-configuration");
+    if let Some(fields) = object.data.as_object_mut() {
+        fields.remove("status");
+    }
+}
+
 /// Drives a reflector's stream until `cancel`, keeping in `error` why the
 /// watch of `resource` fails while it does (logged when that changes);
 /// `grant` completes the advice for a 403.
@@ -601,5 +626,52 @@ fn describe_watch_error(resource: &str, grant: &str, error: &watcher::Error) -> 
             status.code, status.reason, status.message
         ),
         None => format!("listing {resource}: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_object_keeps_its_spec_and_loses_what_is_never_read() {
+        let mut object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "keda.sh/v1alpha1",
+            "kind": "ScaledObject",
+            "metadata": {
+                "name": "worker",
+                "namespace": "orders",
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"spec\":{}}",
+                    "autoscaling.keda.sh/paused": "true"
+                },
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]
+            },
+            "spec": {"scaleTargetRef": {"name": "worker"}},
+            "status": {"lastActiveTime": "2026-11-26T03:00:00Z", "hpaName": "keda-hpa-worker"}
+        }))
+        .unwrap();
+        keep_what_is_read(&mut object);
+        assert_eq!(
+            object
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            ["autoscaling.keda.sh/paused"]
+        );
+        assert!(
+            object
+                .metadata
+                .managed_fields
+                .as_ref()
+                .is_none_or(Vec::is_empty)
+        );
+        assert_eq!(
+            object.data,
+            serde_json::json!({"spec": {"scaleTargetRef": {"name": "worker"}}})
+        );
     }
 }

@@ -33,16 +33,6 @@ pub(super) enum Changed {
     All,
 }
 
-impl Changed {
-    pub(super) fn includes(&self, namespace: &str, name: &str) -> bool {
-        match self {
-            Changed::All => true,
-            // Batches are a few objects: a walk beats building a key.
-            Changed::Some(keys) => keys.iter().any(|(n, m)| n == namespace && m == name),
-        }
-    }
-}
-
 /// Follows the watch until `driver` stops.
 pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
     // Subscribed before the first read: no change falls between the two.
@@ -57,11 +47,14 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
     let mut routes = DeclaredRoutes::default();
     let mut changed = Changed::All;
     // What the registry last decided from: most watch events (KEDA writes
-    // status often) change no route, and deciding again is O(routes²).
+    // status on every poll of an active ScaledObject) change no route, and
+    // sorting every route, let alone deciding again (O(routes²)), would
+    // make each of them cost every ScaledObject.
     let mut decided: Option<Vec<RouteSpec>> = None;
     loop {
-        if let Some(registry) = driver.routes() {
-            routes.update(&cluster, &changed, &driver);
+        if let Some(registry) = driver.routes()
+            && routes.update(&cluster, &changed, &driver)
+        {
             let candidates = routes.candidates();
             if decided.as_ref() != Some(&candidates) {
                 registry.set_declared(candidates.clone());
@@ -106,10 +99,10 @@ pub(super) async fn follow_targets(driver: Driver, cluster: Arc<Cluster>) {
         };
         match change {
             Ok(change) => {
-                for scaling in driver.scalings_in(&change.namespace) {
-                    if scaling.scales(&change.namespace, change.kind, &change.name) {
-                        scaling.target_changed();
-                    }
+                for scaling in
+                    driver.scalings_of_target(&change.namespace, change.kind, &change.name)
+                {
+                    scaling.target_changed();
                 }
             }
             // Fell behind: any target may have changed.
@@ -129,44 +122,42 @@ struct DeclaredRoutes {
     by_object: BTreeMap<ObjectKey, ObjectRoutes>,
 }
 
+#[derive(PartialEq)]
 struct ObjectRoutes {
     created: Option<Time>,
     routes: Vec<RouteSpec>,
 }
 
 impl DeclaredRoutes {
-    fn update(&mut self, cluster: &Cluster, changed: &Changed, driver: &Driver) {
+    /// Takes in the changed objects' routes; returns whether any differ.
+    fn update(&mut self, cluster: &Cluster, changed: &Changed, driver: &Driver) -> bool {
         let context = driver.inner.settings.load().context.clone();
         match changed {
             Changed::All => {
                 self.by_object.clear();
                 for object in cluster.all_scaled_objects() {
-                    self.insert(&object, &context);
-                }
-            }
-            Changed::Some(keys) => {
-                for (namespace, name) in keys {
-                    self.by_object.remove(&(namespace.clone(), name.clone()));
-                    if let Some(object) = cluster.raw_scaled_object(namespace, name) {
-                        self.insert(&object, &context);
+                    if let Some((key, routes)) = declared(&object, &context) {
+                        self.by_object.insert(key, routes);
                     }
                 }
+                true
             }
-        }
-    }
-
-    fn insert(&mut self, object: &DynamicObject, context: &crate::scalers::Context) {
-        let namespace = object.metadata.namespace.clone().unwrap_or_default();
-        let name = object.metadata.name.clone().unwrap_or_default();
-        let owner = Owner {
-            namespace: namespace.clone(),
-            name: name.clone(),
-        };
-        let routes = routes_declared_by(object, owner, context);
-        if !routes.is_empty() {
-            let created = object.metadata.creation_timestamp.clone();
-            self.by_object
-                .insert((namespace, name), ObjectRoutes { created, routes });
+            Changed::Some(keys) => {
+                let mut differ = false;
+                for (namespace, name) in keys {
+                    let key = (namespace.clone(), name.clone());
+                    let now = cluster
+                        .raw_scaled_object(namespace, name)
+                        .and_then(|object| declared(&object, &context))
+                        .map(|(_, routes)| routes);
+                    let before = match now {
+                        Some(routes) => self.by_object.insert(key.clone(), routes),
+                        None => self.by_object.remove(&key),
+                    };
+                    differ |= before.as_ref() != self.by_object.get(&key);
+                }
+                differ
+            }
         }
     }
 
@@ -182,6 +173,25 @@ impl DeclaredRoutes {
             .flat_map(|(_, object)| object.routes.iter().cloned())
             .collect()
     }
+}
+
+/// The object's key and routes, when it declares any.
+fn declared(
+    object: &DynamicObject,
+    context: &crate::scalers::Context,
+) -> Option<(ObjectKey, ObjectRoutes)> {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let owner = Owner {
+        namespace: namespace.clone(),
+        name: name.clone(),
+    };
+    let routes = routes_declared_by(object, owner, context);
+    if routes.is_empty() {
+        return None;
+    }
+    let created = object.metadata.creation_timestamp.clone();
+    Some(((namespace, name), ObjectRoutes { created, routes }))
 }
 
 /// The routes an object's `http`/`tcp` external triggers declare, parsed
@@ -237,13 +247,32 @@ impl Driver {
     /// cluster no longer backs (its ScaledObject gone, or none of its
     /// triggers carrying the tracked metadata) stops, and KEDA's next call
     /// (if any) is checked afresh; the others follow an edited
-    /// `pollingInterval`.
+    /// `pollingInterval`, and engines an edited target or settings.
     pub(super) fn follow_objects(&self, cluster: &Cluster, changed: &Changed) {
-        let mut stale: Vec<super::TriggerKey> = Vec::new();
-        for tracked in self.read_triggers().values() {
-            if !changed.includes(&tracked.key.namespace, &tracked.key.name) {
-                continue;
+        let engines: Vec<Arc<super::Scaling>> = match changed {
+            Changed::All => self.scalings(),
+            Changed::Some(keys) => {
+                let scalings = self.lock_scalings();
+                keys.iter()
+                    .filter_map(|key| scalings.get(key).cloned())
+                    .collect()
             }
+        };
+        for engine in engines {
+            engine.object_changed();
+        }
+        let affected: Vec<Arc<super::Tracked>> = {
+            let triggers = self.read_triggers();
+            match changed {
+                Changed::All => triggers.values().cloned().collect(),
+                Changed::Some(keys) => keys
+                    .iter()
+                    .flat_map(|(namespace, name)| triggers.of_object(namespace, name))
+                    .collect(),
+            }
+        };
+        let mut stale: Vec<super::TriggerKey> = Vec::new();
+        for tracked in &affected {
             if backed(cluster, &tracked.key) {
                 self.refresh_interval(tracked);
             } else {

@@ -6,6 +6,8 @@ mod cluster_follow;
 mod poller;
 mod reading;
 mod scaling;
+mod table;
+mod target_index;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -27,6 +29,7 @@ pub use scaling::{
     Answer, Clock, CountPolicy, CountSource, Counting, HPA_SYNC_MILLIS, Insight, MetadataRules,
     Scaling,
 };
+use table::Triggers;
 
 use arc_swap::ArcSwap;
 
@@ -115,10 +118,6 @@ impl DriverSettings {
 }
 
 pub use crate::config::SourcePattern;
-
-/// Keyed by [`TriggerKey::identity`]: a slot is the key's buffer and the
-/// entry, so 10,000 triggers fit in a quarter of a megabyte of table.
-type Triggers = HashMap<Arc<[u8]>, Arc<Tracked>, foldhash::quality::RandomState>;
 
 /// Why a trigger is not tracked.
 #[derive(Debug, thiserror::Error)]
@@ -274,16 +273,21 @@ impl TriggerKey {
         };
         let mut identity = Vec::with_capacity(strings().map(|s| s.len() + 4).sum());
         for string in strings() {
-            // Length-prefixed: no two different keys share an identity.
-            let length = u32::try_from(string.len()).unwrap_or(u32::MAX);
-            identity.extend_from_slice(&length.to_le_bytes());
-            identity.extend_from_slice(string.as_bytes());
+            push_length_prefixed(&mut identity, string);
         }
         Self {
             identity: identity.into(),
             namespace,
             name,
         }
+    }
+
+    /// What every identity of ScaledObject `namespace/name` starts with.
+    fn object_prefix(namespace: &str, name: &str) -> Vec<u8> {
+        let mut prefix = Vec::with_capacity(namespace.len() + name.len() + 8);
+        push_length_prefixed(&mut prefix, namespace);
+        push_length_prefixed(&mut prefix, name);
+        prefix
     }
 
     /// Namespace, name and sorted metadata, each length-prefixed.
@@ -321,6 +325,14 @@ impl TriggerKey {
             .map(|(key, value)| (key.to_string(), value.to_string()))
             .collect()
     }
+}
+
+/// Length-prefixed: no two different keys share an identity, and a
+/// ScaledObject's identities share a prefix.
+fn push_length_prefixed(buffer: &mut Vec<u8>, string: &str) {
+    let length = u32::try_from(string.len()).unwrap_or(u32::MAX);
+    buffer.extend_from_slice(&length.to_le_bytes());
+    buffer.extend_from_slice(string.as_bytes());
 }
 
 /// A trigger hoist is tracking, and the reading of its source.
@@ -490,16 +502,14 @@ struct Inner {
     routes: Option<Arc<Registry>>,
     metrics: Arc<Metrics>,
     /// Lock order: `triggers` before `pollers`.
-    /// Looked up on every RPC: a fast hasher (seeded per process, so keys
-    /// from ScaledObjects cannot be chosen to collide) instead of SipHash.
     triggers: RwLock<Triggers>,
     pollers: Mutex<HashMap<Arc<str>, Poller>>,
     /// Runs every poller's polls.
     scheduler: Scheduler,
     /// Engine-mode ScaledObjects by (namespace, name). Locked after `pollers`.
-    /// Ordered by namespace, so a target's change finds its namespace's
-    /// engines without walking every engine.
     scalings: Mutex<BTreeMap<(String, String), Arc<Scaling>>>,
+    /// The engines by the target they scale.
+    targets: Arc<target_index::TargetIndex>,
     /// Engine state restored from `state_file`, waiting for its
     /// ScaledObject to be seen again.
     restored: Mutex<std::collections::BTreeMap<String, crate::engine::State>>,
@@ -542,10 +552,11 @@ impl Driver {
                 profiles: ArcSwap::from_pointee(profiles),
                 routes,
                 metrics,
-                triggers: RwLock::new(HashMap::default()),
+                triggers: RwLock::new(Triggers::default()),
                 pollers: Mutex::new(HashMap::new()),
                 scheduler,
                 scalings: Mutex::new(BTreeMap::new()),
+                targets: Arc::default(),
                 restored: Mutex::new(Default::default()),
                 cluster: std::sync::OnceLock::new(),
                 changed,
@@ -1002,6 +1013,7 @@ impl Driver {
             changed: self.inner.changed.clone(),
             cancel: self.inner.cancel.child_token(),
             metrics: self.inner.metrics.clone(),
+            targets: self.inner.targets.clone(),
         });
         scalings.insert(object, scaling.clone());
         Ok(scaling)
@@ -1054,13 +1066,17 @@ impl Driver {
         self.lock_scalings().values().cloned().collect()
     }
 
-    /// The engines of one namespace's ScaledObjects.
-    pub fn scalings_in(&self, namespace: &str) -> Vec<Arc<Scaling>> {
-        let from = (namespace.to_string(), String::new());
-        self.lock_scalings()
-            .range(from..)
-            .take_while(|((ns, _), _)| ns == namespace)
-            .map(|(_, scaling)| scaling.clone())
+    /// The engines whose ScaledObjects scale `kind` `namespace/name` (as
+    /// each last read its object).
+    pub fn scalings_of_target(&self, namespace: &str, kind: &str, name: &str) -> Vec<Arc<Scaling>> {
+        let names = self.inner.targets.engines_of(namespace, kind, name);
+        let scalings = self.lock_scalings();
+        names
+            .into_iter()
+            .filter_map(|object| scalings.get(&(namespace.to_string(), object)).cloned())
+            // A name filed by an engine since replaced: the new one decides
+            // for itself once it has read its object.
+            .filter(|scaling| scaling.scales(namespace, kind, name))
             .collect()
     }
 

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::reading::Reading;
+use super::target_index::TargetIndex;
 use crate::cluster::{Cluster, ObjectEvent, ScaleTarget, ScaledObjectView};
 use crate::engine::rules::Source;
 use crate::engine::{self, Decision, Millis, Observation, Observed, Rules};
@@ -167,12 +168,18 @@ pub struct Scaling {
     policy: CountPolicy,
     reads: Mutex<CountReads>,
     last_object: Mutex<Option<ScaledObjectView>>,
+    /// Where this engine is filed by the target its ScaledObject names.
+    targets: Arc<TargetIndex>,
     insight: Mutex<Insight>,
-    /// Warnings last posted as an Event, and when.
-    warned: Mutex<(Vec<String>, Millis)>,
+    /// A fingerprint of the warnings last posted as an Event, and when:
+    /// the sentences themselves are in `insight` (one copy per engine).
+    warned: Mutex<(Option<u64>, Millis)>,
     /// The scale target changed outside: evaluate now, whatever the
     /// interval.
     target_moved: std::sync::atomic::AtomicBool,
+    /// The ScaledObject's target or settings were edited: decide again
+    /// now, from the count of what it names now.
+    edited: std::sync::atomic::AtomicBool,
     /// Since when, and why, the engine has answered `CountUnknown`: the
     /// Event posted meanwhile may have been lost with the API, so another
     /// says how long it lasted once the count is known again.
@@ -196,6 +203,7 @@ pub struct Start {
     pub changed: Arc<Notify>,
     pub cancel: CancellationToken,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub targets: Arc<TargetIndex>,
 }
 
 impl Scaling {
@@ -211,10 +219,12 @@ impl Scaling {
             policy: start.policy,
             reads: Mutex::new(CountReads::default()),
             last_object: Mutex::new(None),
+            targets: start.targets,
             insight: Mutex::new(Insight::default()),
-            warned: Mutex::new((Vec::new(), 0)),
+            warned: Mutex::new((None, 0)),
             unknown_since: Mutex::new(None),
             target_moved: std::sync::atomic::AtomicBool::new(false),
+            edited: std::sync::atomic::AtomicBool::new(false),
             changed: start.changed,
             metrics: start.metrics,
             wake: Arc::new(Notify::new()),
@@ -285,6 +295,11 @@ impl Scaling {
         for member in lock(&self.members).iter() {
             member.forwarder.abort();
         }
+        if let Some(object) = lock(&self.last_object).as_ref() {
+            let target = &object.target;
+            self.targets
+                .leave(&self.namespace, &self.name, (&target.kind, &target.name));
+        }
     }
 
     /// Wakes the engine (an interval of one of its triggers changed).
@@ -308,6 +323,26 @@ impl Scaling {
         lock(&self.reads).last_attempt = None;
         self.target_moved.store(true, Ordering::Relaxed);
         self.poke();
+    }
+
+    /// The ScaledObject changed in the watch (most often KEDA writing its
+    /// status): when its target or settings differ from what the engine
+    /// last read, it decides again now rather than at the interval's end.
+    pub fn object_changed(&self) {
+        let Counting::Cluster(cluster) = &self.counting else {
+            return;
+        };
+        let Ok(now) = cluster.scaled_object(&self.namespace, &self.name) else {
+            return;
+        };
+        let edited = lock(&self.last_object)
+            .as_ref()
+            .is_some_and(|last| last.target != now.target || last.settings != now.settings);
+        if edited {
+            lock(&self.reads).last_attempt = None;
+            self.edited.store(true, Ordering::Relaxed);
+            self.poke();
+        }
     }
 
     /// The latest answer, if any.
@@ -392,11 +427,13 @@ impl Scaling {
             let interval_over = last.is_none_or(|at| now >= at.saturating_add(self.wait(interval)));
             let wanted = pending || (periodic && last.is_some());
             let target_moved = self.target_moved.swap(false, Ordering::Relaxed);
-            let due = (wanted && (interval_over || at_zero || target_moved)) || cooldown_over;
+            let edited = self.edited.swap(false, Ordering::Relaxed);
+            let due =
+                (wanted && (interval_over || at_zero || target_moved || edited)) || cooldown_over;
             // Due only because the target moved: if it moved to the
             // engine's own answer, that is the HPA applying it, not an
             // outside change.
-            let moved_only = target_moved && !(interval_over || at_zero || cooldown_over);
+            let moved_only = target_moved && !(interval_over || at_zero || cooldown_over || edited);
             if due
                 && object.is_err()
                 && let Counting::Cluster(cluster) = &self.counting
@@ -413,7 +450,10 @@ impl Scaling {
             let evaluated = if due {
                 tokio::select! {
                     _ = self.cancel.cancelled() => return,
-                    answer = self.evaluate(&clock, interval, object, moved_only) => answer,
+                    // Boxed: an engine rests far longer than it evaluates,
+                    // and its resting task need not carry the space of an
+                    // API read (4 KiB of 10,000 engines' memory each).
+                    answer = Box::pin(self.evaluate(&clock, interval, object, moved_only)) => answer,
                 }
             } else {
                 None
@@ -470,6 +510,17 @@ impl Scaling {
         let mut last = lock(&self.last_object);
         match cluster.scaled_object(&self.namespace, &self.name) {
             Ok(view) => {
+                let previous = last.as_ref().map(|object| &object.target);
+                if previous != Some(&view.target) {
+                    let target = &view.target;
+                    self.targets.file(
+                        &self.namespace,
+                        &self.name,
+                        previous.map(|p| (p.kind.as_str(), p.name.as_str())),
+                        (&target.kind, &target.name),
+                        &self.cancel,
+                    );
+                }
                 *last = Some(view.clone());
                 Ok(view)
             }
@@ -564,7 +615,7 @@ impl Scaling {
             }
             engine::decide_observed(&mut state, &rules, &readings, now, observed)
         };
-        self.post_warnings(&object, warnings, now);
+        self.post_warnings(&object, &warnings, now);
         let previous = self.decision();
         Some(self.publish(Answer::Decided(decision), previous, &object, now))
     }
@@ -814,18 +865,27 @@ impl Scaling {
     fn post_warnings(
         &self,
         object: &Result<ScaledObjectView, String>,
-        warnings: Vec<String>,
+        warnings: &[String],
         now: Millis,
     ) {
         let (Counting::Cluster(cluster), Ok(object)) = (&self.counting, object) else {
             return;
         };
         let mut warned = lock(&self.warned);
-        let due = warned.0 != warnings || now >= warned.1.saturating_add(WARNING_EVENT_EVERY);
-        if warnings.is_empty() || !due {
-            if warnings.is_empty() {
-                warned.0.clear();
-            }
+        if warnings.is_empty() {
+            warned.0 = None;
+            return;
+        }
+        // A collision would only wait for the half-hourly repeat.
+        let fingerprint = {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            warnings.hash(&mut hasher);
+            hasher.finish()
+        };
+        let due =
+            warned.0 != Some(fingerprint) || now >= warned.1.saturating_add(WARNING_EVENT_EVERY);
+        if !due {
             return;
         }
         cluster.post_event(
@@ -837,7 +897,7 @@ impl Scaling {
                 note: warnings.join("; "),
             },
         );
-        *warned = (warnings, now);
+        *warned = (Some(fingerprint), now);
     }
 }
 

@@ -141,6 +141,57 @@ fn trigger_keys_are_equal_exactly_when_their_parts_are() {
     assert_ne!(key("ns", "app", &pairs), key("ns", "app2", &pairs));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_scaled_objects_triggers_are_found_without_its_neighbours() {
+    let driver = driver(Duration::from_secs(3600));
+    let source = Arc::new(Counter::default());
+    let named = |namespace: &str, name: &str, list: &str| {
+        let metadata = HashMap::from([("listName".to_string(), list.to_string())]);
+        TriggerKey::new(namespace.into(), name.into(), metadata)
+    };
+    // Names that are prefixes of each other, and the same bytes split
+    // differently between namespace and name.
+    let keys = [
+        named("ns", "app", "a"),
+        named("ns", "app", "b"),
+        named("ns", "app2", "a"),
+        named("ns", "ap", "a"),
+        named("nsa", "pp", "a"),
+        named("n", "sapp", "a"),
+    ];
+    for (index, key) in keys.iter().enumerate() {
+        let query = format!("q{index}");
+        driver
+            .track_parsed(key.clone(), config(&source, &query, 30))
+            .unwrap();
+    }
+    let found = |namespace: &str, name: &str| {
+        let mut lists: Vec<String> = driver
+            .read_triggers()
+            .of_object(namespace, name)
+            .iter()
+            .map(|tracked| {
+                assert_eq!(
+                    (tracked.key.namespace.as_str(), tracked.key.name.as_str()),
+                    (namespace, name)
+                );
+                tracked.key.metadata_map()["listName"].clone()
+            })
+            .collect();
+        lists.sort();
+        lists
+    };
+    assert_eq!(found("ns", "app"), ["a", "b"]);
+    assert_eq!(found("ns", "ap"), ["a"]);
+    assert_eq!(found("nsa", "pp"), ["a"]);
+    assert!(found("ns", "a").is_empty());
+    assert!(found("other", "app").is_empty());
+    // Forgotten triggers leave the index with the table.
+    driver.revoke(&keys[..2], "test");
+    assert!(found("ns", "app").is_empty());
+    assert_eq!(found("ns", "app2"), ["a"]);
+}
+
 /// Lets spawned tasks run, moving the paused clock by `by`.
 async fn advance(by: Duration) {
     tokio::time::sleep(by).await;
