@@ -13,11 +13,13 @@
 #   6. Engine and parsers: criterion.
 #   7. Declared routes: GetMetricSpec declaring a route → served by every
 #      interceptor (in-process, and two split replicas following the scaler).
+#   8. Flood: six waves of 5,000 connections through the interceptor; RSS at
+#      each peak and after (is the memory given back?).
 #
 # Installs what it needs when missing (redis-server, nginx with its stream
 # module, wrk: Debian packages, with apt-get). Takes about 15 minutes on 2
 # cores. Knobs (environment):
-#   BENCH_ONLY="rpc scale sources interceptor cold-start engine routes"   parts to run
+#   BENCH_ONLY="rpc scale sources interceptor cold-start engine routes flood"   parts to run
 #   BENCH_SECONDS=5      length of each RPC and wrk point
 #   BENCH_REPEAT=3       runs per point, interleaved; the report takes the median
 #   BENCH_SCALE="1000:1000 10000:1 10000:10000 50000:10000 50000:50000"
@@ -25,13 +27,15 @@
 #   BENCH_PIN=1          servers on the last CPU, load generators on CPU 0
 #   BENCH_DOC=docs/BENCHMARKS.md   where the tables go ("-": standard output)
 #   BENCH_KEEP=1         keep the work directory (logs, configs, results)
+#   BENCH_HOIST=path     measure this hoist binary instead of the one built
+#                        (another build of hoist, to compare the two)
 #   BENCH_QUIET_WAIT=600 seconds to wait, before a point, for compilers
 #                        (rustc) running on the machine to finish; a point
 #                        during which one ran is measured once more
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ONLY="${BENCH_ONLY:-rpc scale sources interceptor cold-start engine routes}"
+ONLY="${BENCH_ONLY:-rpc scale sources interceptor cold-start engine routes flood}"
 SECONDS_PER_POINT="${BENCH_SECONDS:-5}"
 REPEAT="${BENCH_REPEAT:-3}"
 SCALE_ROWS="${BENCH_SCALE:-1000:1000 10000:1 10000:10000 50000:10000 50000:50000}"
@@ -66,7 +70,8 @@ cargo build --locked --release --bin hoist --bin hoist-load
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- src scalers build.rs Cargo.toml Cargo.lock 2>/dev/null ||
   commit="$commit with uncommitted changes"
-HOIST="$PWD/target/release/hoist"
+[ -n "${BENCH_HOIST:-}" ] && commit="$commit, measuring the hoist binary $BENCH_HOIST"
+HOIST="${BENCH_HOIST:-$PWD/target/release/hoist}"
 LOAD="$PWD/target/release/hoist-load"
 
 work="$(mktemp -d /tmp/hoist-bench.XXXXXX)"
@@ -583,6 +588,31 @@ EOF
   for pid in "${follower_pids[@]}"; do stop "$pid"; done
 fi
 
+# --- 8. Flood ----------------------------------------------------------------
+if wants flood; then
+  echo "== 8. Flood: waves of 5,000 connections through the interceptor"
+  read -r up_port http_port grpc_port admin_port <<<"$(ports 4)"
+  start "$work/flood-upstream.log" "${CLIENT[@]}" "$LOAD" upstream --listen "127.0.0.1:$up_port"
+  upstream_pid=$last_pid
+  # Every connection comes from 127.0.0.1: the per-client cap is lifted.
+  hoist_config "$work/flood.toml" "$grpc_port" "$admin_port" "[interceptor]
+http_listen = \"127.0.0.1:$http_port\"
+max_connections = 10000
+max_connections_per_client = 10000
+[[interceptor.http_routes]]
+name = \"web\"
+host = \"web.bench\"
+upstream = \"127.0.0.1:$up_port\""
+  start "$work/flood-hoist.log" "${SERVER[@]}" "$HOIST" serve --config "$work/flood.toml"
+  hoist_pid=$last_pid
+  wait_port "$up_port"
+  wait_port "$http_port"
+  "${CLIENT[@]}" "$LOAD" flood --target "127.0.0.1:$http_port" --pid "$hoist_pid" \
+    --connections 5000 --waves 6 --settle 15 >>"$results" || echo "   (failed: see above)"
+  stop "$hoist_pid"
+  stop "$upstream_pid"
+fi
+
 # --- Report ------------------------------------------------------------------
 finished_at=$(date +%s)
 cpu_model=$(lscpu 2>/dev/null | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
@@ -602,7 +632,7 @@ load=$(cut -d' ' -f1-3 /proc/loadavg)
   else
     echo "- Other work ran on this machine at times (more than 10 % of a core outside this run's processes, from /proc/stat): the points waited $waited s in all for a quiet machine, $redone points overlapped by it were measured again, and $disturbed measurements were overlapped twice (those numbers are lower and noisier). Load average at the end: $load."
   fi
-  echo "- Command: \`scripts/bench.sh\`$( [ "$ONLY" != "rpc scale sources interceptor cold-start engine routes" ] && echo " with BENCH_ONLY=\"$ONLY\"")."
+  echo "- Command: \`scripts/bench.sh\`$( [ "$ONLY" != "rpc scale sources interceptor cold-start engine routes flood" ] && echo " with BENCH_ONLY=\"$ONLY\"")."
 } >"$work/machine.md"
 doc_args=(--doc "$DOC")
 [ "$DOC" = "-" ] && doc_args=()

@@ -18,11 +18,14 @@
 //!   response once the upstream listens.
 //! - `route-follow`: a route a ScaledObject declares → served by every
 //!   interceptor (in process, or split replicas following the scaler).
+//! - `flood`: waves of connections through the interceptor, and the
+//!   proxy's RSS at each peak and after (is memory given back?).
 //! - `free-ports`, `report`: helpers for the script.
 
 mod bare_proxy;
 mod bare_server;
 mod cold_start;
+mod flood;
 mod free_ports;
 mod grpc;
 mod kafka_load;
@@ -40,6 +43,7 @@ use clap::{Parser, Subcommand};
 use bare_proxy::{BareProxyArgs, bare_proxy};
 use bare_server::{BareServerArgs, bare_server};
 use cold_start::{ColdStartArgs, cold_start};
+use flood::{FloodArgs, flood};
 use free_ports::{FreePortsArgs, free_ports};
 use kafka_load::{KafkaLoadArgs, kafka_load};
 use redis_load::{RedisLoadArgs, redis_load};
@@ -83,6 +87,8 @@ enum Command {
     ColdStart(ColdStartArgs),
     /// How soon a declared route serves on every interceptor.
     RouteFollow(RouteFollowArgs),
+    /// Waves of connections through the interceptor: is memory given back?
+    Flood(FloodArgs),
     /// Prints N free loopback ports.
     FreePorts(FreePortsArgs),
     /// Renders collected results as Markdown into a document.
@@ -107,6 +113,7 @@ fn main() -> anyhow::Result<()> {
         Command::BareProxy(args) => runtime.block_on(bare_proxy(args)),
         Command::ColdStart(args) => runtime.block_on(cold_start(args)),
         Command::RouteFollow(args) => runtime.block_on(route_follow(args)),
+        Command::Flood(args) => runtime.block_on(flood(args)),
         Command::FreePorts(args) => free_ports(args),
         Command::Report(args) => report(args),
     }

@@ -51,6 +51,7 @@ pub(super) fn report(args: ReportArgs) -> anyhow::Result<()> {
         render_criterion(&mut out, dir)?;
     }
     render_route_follow(&mut out, &results);
+    render_flood(&mut out, &results);
     match &args.doc {
         None => print!("{out}"),
         Some(doc) => {
@@ -523,6 +524,58 @@ fn render_route_follow(out: &mut String, results: &[Value]) {
             millis(part("each_interceptor_ms", "median")),
             millis(part("each_interceptor_ms", "max")),
             verdict(slowest.is_some_and(|max| max < 1000.0)),
+        );
+    }
+    out.push('\n');
+}
+
+fn render_flood(out: &mut String, results: &[Value]) {
+    let rows: Vec<&Value> = results
+        .iter()
+        .filter(|r| text(r, "bench") == "flood")
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    out.push_str("### 8. Memory given back after a flood of connections
+
+Waves of client connections through the HTTP interceptor, all open at once (one request answered on each), then all closed; hoist's RSS before, at each wave's peak, and after the wave settles. Goal: what a flood took is given back, not kept at its high point.
+
+| connections per wave | waves | RSS before | at each peak (MiB) | after each, settled (MiB) | given back |
+| --- | --- | --- | --- | --- | --- |
+");
+    let list = |r: &Value, key: &str| -> Vec<f64> {
+        r[key]
+            .as_array()
+            .map(|values| values.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default()
+    };
+    let mib = |values: &[f64]| {
+        values
+            .iter()
+            .map(|v| format!("{v:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for r in rows {
+        let (peaks, after) = (list(r, "rss_peak_mib"), list(r, "rss_after_mib"));
+        let before = num(r, "rss_before_mib").unwrap_or(f64::NAN);
+        let (high, last) = (
+            peaks.iter().copied().fold(f64::NAN, f64::max),
+            after.last().copied().unwrap_or(f64::NAN),
+        );
+        // Given back: the last settled RSS is nearer the start than the top.
+        let given_back = last - before < (high - before) / 2.0;
+        let _ = writeln!(
+            out,
+            "| {} ({} failed) | {} | {before:.0} MiB | {} | {} (after {} s) | {} |",
+            thousands(num(r, "connections").unwrap_or(0.0)),
+            num(r, "failed").unwrap_or(0.0),
+            num(r, "waves").unwrap_or(0.0),
+            mib(&peaks),
+            mib(&after),
+            num(r, "settle_s").unwrap_or(0.0),
+            verdict(given_back),
         );
     }
     out.push('\n');
