@@ -548,11 +548,12 @@ async fn from_file(path: &Path) -> Result<kube::Config, ClusterError> {
         })
 }
 
-/// Drops from a stored ScaledObject or ScaledJob what hoist never reads:
-/// KEDA's status (rewritten on every poll of an active object), the
-/// field managers, and the copy of the whole object `kubectl apply` keeps
-/// in an annotation. In a real cluster they are most of an object's
-/// bytes, and the store holds every object.
+/// Drops from a stored KEDA object (ScaledObject, ScaledJob, and the
+/// (Cluster)TriggerAuthentications) what hoist never reads: KEDA's status
+/// (rewritten on every poll of an active ScaledObject), the field
+/// managers, and the copy of the whole object `kubectl apply` keeps in an
+/// annotation. In a real cluster they are most of an object's bytes, and
+/// a store holds every object.
 fn keep_what_is_read(object: &mut DynamicObject) {
     use kube::ResourceExt;
     object.managed_fields_mut().clear();

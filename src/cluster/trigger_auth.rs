@@ -441,7 +441,7 @@ fn watch_dynamic(
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
     let stream = watcher(api, super::watch_config())
         .default_backoff()
-        .modify(|object: &mut DynamicObject| object.managed_fields_mut().clear())
+        .modify(super::keep_what_is_read)
         .reflect(writer);
     super::follow(
         stream,

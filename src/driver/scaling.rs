@@ -320,8 +320,14 @@ impl Scaling {
     /// step): read its count and decide again now, not at the interval's
     /// end, so KEDA's next answer already steps from what runs.
     pub fn target_changed(&self) {
+        self.decide_now(&self.target_moved);
+    }
+
+    /// Reads the count again and decides at once; `why` is the flag the
+    /// run loop reads to tell how (see `moved_only` there).
+    fn decide_now(&self, why: &std::sync::atomic::AtomicBool) {
         lock(&self.reads).last_attempt = None;
-        self.target_moved.store(true, Ordering::Relaxed);
+        why.store(true, Ordering::Relaxed);
         self.poke();
     }
 
@@ -339,9 +345,7 @@ impl Scaling {
             .as_ref()
             .is_some_and(|last| last.target != now.target || last.settings != now.settings);
         if edited {
-            lock(&self.reads).last_attempt = None;
-            self.edited.store(true, Ordering::Relaxed);
-            self.poke();
+            self.decide_now(&self.edited);
         }
     }
 
