@@ -320,9 +320,11 @@ async fn poll_once(shared: Arc<Shared>, started: Instant) {
     scheduler.send(Command::Ended(shared, started));
 }
 
-/// Far enough never to come (an interval too long to add).
+/// Far enough never to come (an interval too long to add), and near
+/// enough for the timer queue, which panics past about two years (2³⁶ ms):
+/// a panic there would stop every poller.
 fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+    Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
 /// The registry's view of a running poller.
@@ -517,6 +519,14 @@ mod tests {
         fn wakeups(&self) -> Option<watch::Receiver<u64>> {
             Some(self.wakeups.subscribe())
         }
+    }
+
+    #[tokio::test]
+    async fn the_far_future_is_a_deadline_the_queue_takes() {
+        let mut queue: DelayQueue<()> = DelayQueue::new();
+        let key = queue.insert_at((), far_future());
+        queue.reset_at(&key, far_future());
+        assert!(queue.deadline(&key) > Instant::now() + Duration::from_secs(86_400 * 300));
     }
 
     /// A wake-up and a shorter interval that come while a poll runs are
