@@ -89,6 +89,11 @@ impl<T> Deadlines<T> {
         }
     }
 
+    /// The connection itself (to see whether the client left).
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+
     /// Arms the timer for the deadline now in force; `Ready` when it has
     /// passed. Called whenever a read would wait, so the timer is always
     /// registered while the connection is quiet.

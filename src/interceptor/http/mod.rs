@@ -1,6 +1,16 @@
 //! The HTTP interceptor: a reverse proxy (HTTP/1.1 and h2c in, HTTP/1.1 or
 //! h2c out) that routes by host and path prefix, counts every request, and
 //! holds requests through an upstream's cold start.
+//!
+//! Plain HTTP/1.1 requests take the direct path (`direct`: hoist's own
+//! reading of the bytes); a connection whose request is anything else is
+//! served by hyper from that request on (`serve_with_hyper`).
+
+mod direct;
+mod direct_pool;
+mod replay;
+mod request_head;
+mod response_head;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -9,7 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -23,6 +33,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
+
+use direct_pool::DirectPool;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use replay::Replay;
 
 use super::Routes;
 use super::counters::{InFlight, RouteCounters};
@@ -50,7 +64,9 @@ pub struct HttpRoute {
     /// spellings clients send) and is an h2c upstream's `:authority`.
     authority: Option<Authority>,
     pub(super) upstream: Arc<Upstream>,
-    /// HTTP/1.1 upstreams: plain requests.
+    /// HTTP/1.1 upstreams: requests of the direct path.
+    direct: Arc<DirectPool>,
+    /// HTTP/1.1 upstreams: plain requests hyper read.
     pool: Arc<Http1Pool>,
     /// Upgrades, and every request to an h2c upstream.
     client: Client<ColdStartConnector, Incoming>,
@@ -65,9 +81,9 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 impl HttpRoute {
     /// Counts an answer the interceptor gave itself (502, 503, 504).
-    fn counted_refusal(&self, response: Response<ProxyBody>) -> Response<ProxyBody> {
-        self.counters.refused(response.status().as_u16());
-        response
+    fn counted_refusal(&self, answer: Answer) -> Response<ProxyBody> {
+        self.counters.refused(answer.status.as_u16());
+        answer.response()
     }
 
     pub fn new(
@@ -104,6 +120,7 @@ impl HttpRoute {
             path_prefix,
             counters,
             upstream_http2,
+            direct: DirectPool::new(MAX_IDLE_PER_ROUTE, IDLE_TIMEOUT),
             pool: Http1Pool::new(
                 upstream.clone(),
                 MAX_IDLE_PER_ROUTE,
@@ -208,8 +225,8 @@ pub async fn serve(
     grace: Duration,
 ) {
     let mut current = limits.load_full();
-    let mut builder = server_builder(&current);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = Arc::new(server_builder(&current));
+    let graceful = GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -223,36 +240,33 @@ pub async fn serve(
         // A reload's limits apply to connections accepted after it.
         if !Arc::ptr_eq(&current, &limits.load()) {
             current = limits.load_full();
-            builder = server_builder(&current);
+            builder = Arc::new(server_builder(&current));
         }
-        let routes = routes.clone();
-        // Built once per connection, not once per request.
-        let client_end = Arc::new(Peer::new(peer, &current));
         let activity = Activity::new();
-        let stream = Deadlines::new(
-            stream,
-            activity.clone(),
-            current.first_byte_timeout,
-            current.idle_timeout,
-        );
-        let service = hyper::service::service_fn(move |request| {
-            let (routes, client_end) = (routes.clone(), client_end.clone());
-            let open = activity.request();
-            async move {
-                let response = proxy(&routes, &client_end, request).await;
-                if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                    open.upgraded();
-                }
-                Ok::<_, Infallible>(response.map(|body| Keeping { body, _kept: open }.boxed()))
-            }
-        });
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let client = ClientConnection {
+            stream: Deadlines::new(
+                stream,
+                activity.clone(),
+                current.first_byte_timeout,
+                current.idle_timeout,
+            ),
+            activity,
+            // Built once per connection, not once per request.
+            peer: Arc::new(Peer::new(peer, &current)),
+            address: peer,
+            routes: routes.clone(),
+            hyper: builder.clone(),
+            max_header_bytes: current.max_header_bytes,
+            watcher: graceful.watcher(),
+            shutdown: shutdown.clone(),
+        };
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                debug!(%error, %peer, "client connection ended with an error");
+            // A trusted proxy's forwarded headers are appended to: hyper's
+            // path does that.
+            if client.peer.trusted {
+                serve_with_hyper(client, BytesMut::new()).await;
+            } else {
+                direct::serve(client).await;
             }
             drop(permit);
         });
@@ -269,7 +283,56 @@ pub async fn serve(
     }
 }
 
-fn server_builder(limits: &ClientLimits) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
+/// A client connection, and what serving it takes.
+struct ClientConnection {
+    stream: Deadlines<TcpStream>,
+    /// Its open requests, for its deadlines.
+    activity: Arc<Activity>,
+    peer: Arc<Peer>,
+    address: SocketAddr,
+    routes: Arc<Routes>,
+    hyper: Arc<ServerBuilder>,
+    max_header_bytes: usize,
+    /// Keeps hoist's graceful shutdown waiting while the connection lasts.
+    watcher: Watcher,
+    shutdown: CancellationToken,
+}
+
+type ServerBuilder = hyper_util::server::conn::auto::Builder<TokioExecutor>;
+
+/// Serves a client connection with hyper; `already_read` is what the
+/// direct path read of it (hyper reads it first).
+async fn serve_with_hyper(client: ClientConnection, already_read: BytesMut) {
+    let ClientConnection {
+        stream,
+        activity,
+        peer,
+        address,
+        routes,
+        hyper,
+        watcher,
+        ..
+    } = client;
+    let service = hyper::service::service_fn(move |request| {
+        let (routes, peer) = (routes.clone(), peer.clone());
+        let open = activity.request();
+        async move {
+            let response = proxy(&routes, &peer, request).await;
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                open.upgraded();
+            }
+            Ok::<_, Infallible>(response.map(|body| Keeping { body, _kept: open }.boxed()))
+        }
+    });
+    let connection = hyper
+        .serve_connection_with_upgrades(TokioIo::new(Replay::new(already_read, stream)), service)
+        .into_owned();
+    if let Err(error) = watcher.watch(connection).await {
+        debug!(%error, peer = %address, "client connection ended with an error");
+    }
+}
+
+fn server_builder(limits: &ClientLimits) -> ServerBuilder {
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // A client gets this long to send a request's headers (slow-loris),
     // and this many bytes for them (hyper answers 431 past it).
@@ -329,28 +392,31 @@ async fn proxy(
     let host = match request_host(&request) {
         Ok(host) => host,
         Err(reason) => {
-            return plain(
+            return Answer::new(
                 StatusCode::BAD_REQUEST,
                 format!("hoist interceptor: {reason}\n"),
-            );
+            )
+            .response();
         }
     };
     // Routed by, and forwarded with, the normalised path.
     let path = match request_path::normalize(request.uri().path(), peer.allow_encoded_slashes) {
         Ok(path) => path,
         Err(reason) => {
-            return plain(
+            return Answer::new(
                 StatusCode::BAD_REQUEST,
                 format!("hoist interceptor: {reason}\n"),
-            );
+            )
+            .response();
         }
     };
     let route = routes.current().http.find(host, &path).cloned();
     let Some(route) = route else {
-        return plain(
+        return Answer::new(
             StatusCode::NOT_FOUND,
             format!("hoist interceptor: no route for host `{host}` and path `{path}`\n"),
-        );
+        )
+        .response();
     };
     let rewritten = match path {
         std::borrow::Cow::Owned(path) => Some(path),
@@ -405,10 +471,11 @@ async fn proxy(
     parts.uri = match Uri::from_parts(uri) {
         Ok(uri) => uri,
         Err(_) => {
-            return plain(
+            return Answer::new(
                 StatusCode::BAD_REQUEST,
                 "hoist interceptor: the request target cannot be forwarded\n".to_string(),
-            );
+            )
+            .response();
         }
     };
     remove_hop_by_hop(&mut parts.headers, upgrade.as_ref());
@@ -428,7 +495,7 @@ async fn proxy(
     // the upstream is at zero; connecting waits the same way for the rest.
     let deadline = route.upstream.deadline();
     if let Err(error) = route.upstream.admit(deadline).await {
-        return route.counted_refusal(refused(&error));
+        return route.counted_refusal(Answer::refusal(&error));
     }
     let request = Request::from_parts(parts, body);
     if pooled {
@@ -439,20 +506,21 @@ async fn proxy(
                 remove_hop_by_hop(response.headers_mut(), None);
                 response.map(|body| counted(body, in_flight))
             }
-            Err(SendError::Upstream(error)) => route.counted_refusal(refused(&error)),
+            Err(SendError::Upstream(error)) => route.counted_refusal(Answer::refusal(&error)),
             // The client's own request body failed (it left mid-upload).
             Err(SendError::Http(error)) if error.is_user() => {
                 debug!(route = %route.name, %error, "the client's request failed");
-                plain(
+                Answer::new(
                     StatusCode::BAD_REQUEST,
                     "hoist interceptor: the request's body could not be read\n".to_string(),
                 )
+                .response()
             }
             Err(SendError::Http(error)) => {
-                route.counted_refusal(upstream_failure(&route.name, &error))
+                route.counted_refusal(Answer::upstream_failure(&route.name, &cause_of(&error)))
             }
             Err(SendError::ResponseTimeout(timeout)) => {
-                route.counted_refusal(too_slow(&route.name, timeout))
+                route.counted_refusal(Answer::too_slow(&route.name, timeout))
             }
         };
     }
@@ -462,7 +530,9 @@ async fn proxy(
     let mut response = match answer.await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => return route.counted_refusal(client_failure(&route.name, &error)),
-        Err(_) => return route.counted_refusal(too_slow(&route.name, route.response_timeout)),
+        Err(_) => {
+            return route.counted_refusal(Answer::too_slow(&route.name, route.response_timeout));
+        }
     };
     route.upstream.reached();
     *response.version_mut() = client_version;
@@ -514,57 +584,117 @@ async fn tunnel(
     }
 }
 
-fn client_failure(route: &str, error: &hyper_util::client::legacy::Error) -> Response<ProxyBody> {
+fn client_failure(route: &str, error: &hyper_util::client::legacy::Error) -> Answer {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(current) = source {
         if let Some(upstream) = current.downcast_ref::<UpstreamError>() {
-            return refused(upstream);
+            return Answer::refusal(upstream);
         }
         source = current.source();
     }
-    upstream_failure(route, error)
+    Answer::upstream_failure(route, &cause_of(error))
 }
 
-fn upstream_failure(route: &str, error: &(dyn std::error::Error + 'static)) -> Response<ProxyBody> {
-    let cause = std::iter::successors(std::error::Error::source(error), |e| e.source())
+/// The innermost cause of an error (what a log line wants).
+fn cause_of(error: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(std::error::Error::source(error), |e| e.source())
         .last()
-        .map_or_else(|| error.to_string(), ToString::to_string);
-    debug!(route, error = %cause, "upstream failed");
-    plain(
-        StatusCode::BAD_GATEWAY,
-        format!("hoist interceptor: route `{route}`: the app's connection failed\n"),
-    )
+        .map_or_else(|| error.to_string(), ToString::to_string)
 }
 
-fn too_slow(route: &str, timeout: Duration) -> Response<ProxyBody> {
-    debug!(route, ?timeout, "the app did not answer in time");
-    plain(
-        StatusCode::GATEWAY_TIMEOUT,
-        format!(
-            "hoist interceptor: route `{route}`: the app did not answer within {} (response_timeout)\n",
-            humantime::format_duration(timeout)
-        ),
-    )
+/// An answer the interceptor gives itself: a line of text saying why.
+struct Answer {
+    status: StatusCode,
+    text: String,
+    /// Another replica (or this app, once up) can take it at once.
+    retry_soon: bool,
 }
 
-fn refused(error: &UpstreamError) -> Response<ProxyBody> {
-    let status = match error {
-        UpstreamError::ColdStartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-        UpstreamError::Denied { .. } => StatusCode::BAD_GATEWAY,
-        UpstreamError::TooManyHeld { .. }
-        | UpstreamError::ShuttingDown { .. }
-        | UpstreamError::Moved { .. }
-        | UpstreamError::Removed { .. } => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    let mut response = plain(status, format!("hoist interceptor: {error}\n"));
-    if let UpstreamError::ShuttingDown { .. } | UpstreamError::Moved { .. } = error {
-        // Another replica (or this app, once up) can take it at once.
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+impl Answer {
+    fn new(status: StatusCode, text: String) -> Self {
+        Self {
+            status,
+            text,
+            retry_soon: false,
+        }
     }
-    response
+
+    fn refusal(error: &UpstreamError) -> Self {
+        let status = match error {
+            UpstreamError::ColdStartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            UpstreamError::Denied { .. } => StatusCode::BAD_GATEWAY,
+            UpstreamError::TooManyHeld { .. }
+            | UpstreamError::ShuttingDown { .. }
+            | UpstreamError::Moved { .. }
+            | UpstreamError::Removed { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Self {
+            retry_soon: matches!(
+                error,
+                UpstreamError::ShuttingDown { .. } | UpstreamError::Moved { .. }
+            ),
+            ..Self::new(status, format!("hoist interceptor: {error}\n"))
+        }
+    }
+
+    /// The app's connection failed; `cause` is logged, not sent.
+    fn upstream_failure(route: &str, cause: &dyn std::fmt::Display) -> Self {
+        debug!(route, error = %cause, "upstream failed");
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            format!("hoist interceptor: route `{route}`: the app's connection failed\n"),
+        )
+    }
+
+    fn too_slow(route: &str, timeout: Duration) -> Self {
+        debug!(route, ?timeout, "the app did not answer in time");
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "hoist interceptor: route `{route}`: the app did not answer within {} (response_timeout)\n",
+                humantime::format_duration(timeout)
+            ),
+        )
+    }
+
+    fn response(self) -> Response<ProxyBody> {
+        let mut response = Response::new(
+            Full::new(Bytes::from(self.text))
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(TEXT));
+        if self.retry_soon {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+
+    /// The same answer as an HTTP/1.1 message, for the direct path.
+    fn write_http1(&self, out: &mut Vec<u8>, close: bool) {
+        use std::io::Write;
+        let _ = write!(
+            out,
+            "HTTP/1.1 {} {}\r\ncontent-type: {TEXT}\r\ncontent-length: {}\r\n",
+            self.status.as_str(),
+            self.status.canonical_reason().unwrap_or(""),
+            self.text.len()
+        );
+        if self.retry_soon {
+            out.extend_from_slice(b"retry-after: 1\r\n");
+        }
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        response_head::write_date(out);
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(self.text.as_bytes());
+    }
 }
+
+const TEXT: &str = "text/plain; charset=utf-8";
 
 /// An HTTP/2 client may split `Cookie` into several fields; HTTP/1.1
 /// servers expect one (RFC 9113 §8.2.3).
@@ -740,21 +870,6 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-
-/// The headers that say who the client is.
-fn plain(status: StatusCode, body: String) -> Response<ProxyBody> {
-    let mut response = Response::new(
-        Full::new(Bytes::from(body))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
 
 fn empty() -> ProxyBody {
     Full::new(Bytes::new())

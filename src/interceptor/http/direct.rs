@@ -1,0 +1,449 @@
+//! The direct path: plain HTTP/1.1 requests proxied on hoist's own reading
+//! of the bytes, below hyper.
+//!
+//! Why: hyper's HTTP/1 server and client executed about twice nginx's
+//! whole path per proxied request (docs/BENCHMARKS.md, finding 3): each
+//! message parsed into `http` types and a header map, a body channel per
+//! message, buffers moved between layers. Here a request head is parsed in
+//! place (httparse), written upstream as one buffer with its body, and the
+//! response head and body go back the same way; buffers live as long as
+//! the connection.
+//!
+//! What stays safe: `request_head` takes only requests whose framing is
+//! not in doubt; at the first other request the connection is hyper's, from
+//! that request's first byte (`Replay`), and hyper answers it as before,
+//! smuggling checks, error answers, upgrades and h2c included. So is every
+//! connection of a trusted proxy (its forwarded headers are appended to,
+//! which hyper's path does). Responses are checked by `response_head`.
+
+use std::io;
+use std::pin::pin;
+use std::sync::Arc;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+use tracing::debug;
+
+use super::request_head::{self, Forwarding, Reading};
+use super::response_head::{self, Framing, Rechunker, ResponseHead, ResponseReading};
+use super::{Answer, ClientConnection, HEADER_READ_TIMEOUT, HttpRoute, request_path};
+
+/// What a connection's input buffer starts with.
+const INPUT_CAPACITY: usize = 4096;
+/// What is read from an app at a time.
+const READ_SIZE: usize = 8192;
+/// A response head longer than this is refused (502).
+const MAX_RESPONSE_HEAD: usize = 128 * 1024;
+
+/// Serves a client connection until it closes, or until hoist shuts down
+/// between its requests, or hands it to hyper.
+pub(super) async fn serve(mut client: ClientConnection) {
+    let mut input = BytesMut::with_capacity(INPUT_CAPACITY);
+    let mut exchange = Exchange::default();
+    let shutdown = client.shutdown.clone();
+    let mut closing = pin!(shutdown.cancelled());
+    loop {
+        let mut head_deadline = None;
+        let request = loop {
+            if !input.is_empty() {
+                match prepare(&input, &client, &mut exchange.upstream_out) {
+                    Step::Partial if input.len() < client.max_header_bytes => {}
+                    Step::Partial | Step::Fallback => {
+                        return super::serve_with_hyper(client, input).await;
+                    }
+                    Step::Direct(request) => break request,
+                }
+            }
+            input.reserve(INPUT_CAPACITY);
+            let read = if input.is_empty() {
+                // Between requests: the connection's idle deadlines apply.
+                tokio::select! {
+                    biased;
+                    read = client.stream.read_buf(&mut input) => read,
+                    () = closing.as_mut() => return,
+                }
+            } else {
+                // A head in pieces gets what hyper gives one (slow-loris).
+                let deadline =
+                    *head_deadline.get_or_insert_with(|| Instant::now() + HEADER_READ_TIMEOUT);
+                match tokio::time::timeout_at(deadline, client.stream.read_buf(&mut input)).await {
+                    Ok(read) => read,
+                    Err(_) => return,
+                }
+            };
+            match read {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        };
+        let keep_open = exchange.run(&mut client, &request, &mut input).await;
+        input.advance(request.length);
+        if !keep_open {
+            let _ = client.stream.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// A request the direct path took: its upstream head (and body) is
+/// written, nothing else done yet.
+struct Request {
+    route: Arc<HttpRoute>,
+    /// Head and body, in the input.
+    length: usize,
+    close: bool,
+    head: bool,
+    /// Sent again on a fresh connection when a reused one failed before
+    /// any answer (RFC 9110 §9.2.2).
+    idempotent: bool,
+}
+
+enum Step {
+    Partial,
+    Fallback,
+    Direct(Request),
+}
+
+/// Reads the head at the start of `input` and, for a request the direct
+/// path takes, writes the upstream's head and body into `out`.
+fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
+    let mut slots = request_head::header_slots();
+    let (head, fields) = match request_head::read(input, &mut slots) {
+        (Reading::Partial, _) => return Step::Partial,
+        (Reading::Fallback, _) => return Step::Fallback,
+        (Reading::Direct(head), fields) => (head, fields),
+    };
+    // A body still on its way is hyper's to stream.
+    let Some(length) = usize::try_from(head.content_length)
+        .ok()
+        .and_then(|body| head.length.checked_add(body))
+        .filter(|length| *length <= input.len())
+    else {
+        return Step::Fallback;
+    };
+    // A path refused, or no route: hyper gives the answer (400, 404).
+    let Ok(path) = request_path::normalize(head.path, client.peer.allow_encoded_slashes) else {
+        return Step::Fallback;
+    };
+    let routes = client.routes.current();
+    let Some(route) = routes.http.find(head.host, &path) else {
+        return Step::Fallback;
+    };
+    if route.upstream_http2 {
+        return Step::Fallback;
+    }
+    out.clear();
+    let forwarding = Forwarding {
+        ip: client.peer.ip.as_bytes(),
+        forwarded: client.peer.forwarded.as_bytes(),
+    };
+    request_head::write_upstream_head(out, &head, &path, fields, &forwarding);
+    out.extend_from_slice(&input[head.length..length]);
+    Step::Direct(Request {
+        route: route.clone(),
+        length,
+        close: head.close,
+        head: head.method == "HEAD",
+        idempotent: matches!(
+            head.method,
+            "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+        ),
+    })
+}
+
+/// Buffers and the response timer of a connection, kept from request to
+/// request.
+#[derive(Default)]
+struct Exchange {
+    /// The request as the app gets it.
+    upstream_out: Vec<u8>,
+    /// What the app sent.
+    upstream_in: BytesMut,
+    /// What the client gets.
+    client_out: Vec<u8>,
+    /// One per connection, moved forward per request (see `Http1Pool`).
+    response_timer: Option<std::pin::Pin<Box<Sleep>>>,
+}
+
+/// Why a response stopped halfway: the client's connection is closed (an
+/// HTTP/1.1 message cannot be cut short otherwise).
+struct Broken;
+
+impl Exchange {
+    /// Proxies one request; false when the client's connection closes
+    /// after it.
+    async fn run(
+        &mut self,
+        client: &mut ClientConnection,
+        request: &Request,
+        input: &mut BytesMut,
+    ) -> bool {
+        let route = &request.route;
+        let _in_flight = route.counters.start(Instant::now());
+        let _open = client.activity.request();
+        let deadline = route.upstream.deadline();
+        // Held here through a cold start; a client that leaves ends it.
+        let admitted = tokio::select! {
+            biased;
+            admitted = route.upstream.admit(deadline) => admitted,
+            () = client_left(client.stream.get_ref(), input, client.max_header_bytes) => return false,
+        };
+        if let Err(error) = admitted {
+            return self
+                .answer(client, route, Answer::refusal(&error), request.close)
+                .await;
+        }
+        let (upstream, head) = match self.send(route, request, deadline).await {
+            Ok(answered) => answered,
+            Err(answer) => return self.answer(client, route, answer, request.close).await,
+        };
+        route.upstream.reached();
+        let keep_client = !head.close_client;
+        match self.relay(client, upstream, &head, route).await {
+            Ok(()) => keep_client,
+            Err(Broken) => false,
+        }
+    }
+
+    /// Sends the request and reads the response head, on an idle
+    /// connection or a new one.
+    async fn send(
+        &mut self,
+        route: &HttpRoute,
+        request: &Request,
+        deadline: Instant,
+    ) -> Result<(TcpStream, ResponseHead), Answer> {
+        let mut may_reuse = true;
+        'attempt: loop {
+            let idle = may_reuse.then(|| route.direct.checkout()).flatten();
+            let reused = idle.is_some();
+            let mut upstream = match idle {
+                Some(stream) => stream,
+                None => route
+                    .upstream
+                    .connect(deadline)
+                    .await
+                    .map_err(|error| Answer::refusal(&error))?,
+            };
+            let timeout = route.response_timeout();
+            let timer = arm(&mut self.response_timer, timeout);
+            let written = tokio::select! {
+                biased;
+                written = upstream.write_all(&self.upstream_out) => written,
+                () = timer.as_mut() => return Err(Answer::too_slow(&route.name, timeout)),
+            };
+            if let Err(error) = written {
+                // Never answered: an idle connection the app had just
+                // closed. A fresh one gets it.
+                if reused {
+                    may_reuse = false;
+                    continue 'attempt;
+                }
+                return Err(Answer::upstream_failure(&route.name, &error));
+            }
+            self.upstream_in.clear();
+            loop {
+                if !self.upstream_in.is_empty() {
+                    self.client_out.clear();
+                    match response_head::read(
+                        &self.upstream_in,
+                        request.head,
+                        request.close,
+                        &mut self.client_out,
+                    ) {
+                        ResponseReading::Final(head) => return Ok((upstream, head)),
+                        ResponseReading::Interim(length) => {
+                            self.upstream_in.advance(length);
+                            continue;
+                        }
+                        ResponseReading::Bad(reason) => {
+                            return Err(Answer::upstream_failure(&route.name, &reason));
+                        }
+                        ResponseReading::Partial if self.upstream_in.len() > MAX_RESPONSE_HEAD => {
+                            return Err(Answer::upstream_failure(
+                                &route.name,
+                                &"the app's response head is too long",
+                            ));
+                        }
+                        ResponseReading::Partial => {}
+                    }
+                }
+                self.upstream_in.reserve(READ_SIZE);
+                let read = tokio::select! {
+                    biased;
+                    read = upstream.read_buf(&mut self.upstream_in) => read,
+                    () = timer.as_mut() => return Err(Answer::too_slow(&route.name, timeout)),
+                };
+                match read {
+                    Ok(0) | Err(_)
+                        if reused && self.upstream_in.is_empty() && request.idempotent =>
+                    {
+                        may_reuse = false;
+                        continue 'attempt;
+                    }
+                    Ok(0) => {
+                        return Err(Answer::upstream_failure(
+                            &route.name,
+                            &"the app closed the connection before answering",
+                        ));
+                    }
+                    Err(error) => return Err(Answer::upstream_failure(&route.name, &error)),
+                    Ok(_) => {}
+                }
+            }
+        }
+    }
+
+    /// Writes the response head (in `client_out`) and the body to the
+    /// client; the app's connection goes back to the pool when its
+    /// message ended cleanly.
+    async fn relay(
+        &mut self,
+        client: &mut ClientConnection,
+        mut upstream: TcpStream,
+        head: &ResponseHead,
+        route: &HttpRoute,
+    ) -> Result<(), Broken> {
+        self.upstream_in.advance(head.length);
+        let stream = &mut client.stream;
+        let ended = match head.framing {
+            Framing::Empty => {
+                write(stream, &self.client_out).await?;
+                true
+            }
+            Framing::Length(length) => {
+                let mut left = length;
+                loop {
+                    let take = self.take(left);
+                    left -= take as u64;
+                    write(stream, &self.client_out).await?;
+                    if left == 0 {
+                        break true;
+                    }
+                    self.client_out.clear();
+                    self.read_body(&mut upstream, &route.name).await?;
+                }
+            }
+            Framing::Chunked => {
+                let mut chunks = Rechunker::default();
+                loop {
+                    let Ok(used) = chunks.feed(&self.upstream_in, &mut self.client_out) else {
+                        // What came well framed before goes out first.
+                        let _ = write(stream, &self.client_out).await;
+                        return Err(broken(&route.name, "the app's chunked body is malformed"));
+                    };
+                    self.upstream_in.advance(used);
+                    if !self.client_out.is_empty() {
+                        write(stream, &self.client_out).await?;
+                        self.client_out.clear();
+                    }
+                    if chunks.done() {
+                        break true;
+                    }
+                    self.read_body(&mut upstream, &route.name).await?;
+                }
+            }
+            Framing::UntilClose => loop {
+                self.take(u64::MAX);
+                write(stream, &self.client_out).await?;
+                self.client_out.clear();
+                self.upstream_in.reserve(READ_SIZE);
+                match upstream.read_buf(&mut self.upstream_in).await {
+                    Ok(0) => break false,
+                    Ok(_) => {}
+                    Err(_) => return Err(broken(&route.name, "the app's connection failed")),
+                }
+            },
+        };
+        if ended && head.reusable && self.upstream_in.is_empty() {
+            route.direct.checkin(upstream);
+        }
+        Ok(())
+    }
+
+    /// Moves up to `left` body bytes from the app's input to the client's
+    /// output.
+    fn take(&mut self, left: u64) -> usize {
+        let take = usize::try_from(left)
+            .unwrap_or(usize::MAX)
+            .min(self.upstream_in.len());
+        self.client_out.extend_from_slice(&self.upstream_in[..take]);
+        self.upstream_in.advance(take);
+        take
+    }
+
+    /// More of a body whose end has not come: an app that closes or fails
+    /// first broke the message.
+    async fn read_body(&mut self, upstream: &mut TcpStream, route: &str) -> Result<(), Broken> {
+        self.upstream_in.reserve(READ_SIZE);
+        match upstream.read_buf(&mut self.upstream_in).await {
+            Ok(0) => Err(broken(route, "the app closed the connection mid-body")),
+            Ok(_) => Ok(()),
+            Err(_) => Err(broken(route, "the app's connection failed mid-body")),
+        }
+    }
+
+    /// Answers the client from the interceptor itself (counted).
+    async fn answer(
+        &mut self,
+        client: &mut ClientConnection,
+        route: &HttpRoute,
+        answer: Answer,
+        close: bool,
+    ) -> bool {
+        route.counters.refused(answer.status.as_u16());
+        self.client_out.clear();
+        answer.write_http1(&mut self.client_out, close);
+        write(&mut client.stream, &self.client_out).await.is_ok() && !close
+    }
+}
+
+/// The response timer, due `timeout` from now.
+fn arm(
+    timer: &mut Option<std::pin::Pin<Box<Sleep>>>,
+    timeout: std::time::Duration,
+) -> &mut std::pin::Pin<Box<Sleep>> {
+    let at = Instant::now() + timeout;
+    match timer {
+        Some(timer) => {
+            timer.as_mut().reset(at);
+            timer
+        }
+        None => timer.insert(Box::pin(tokio::time::sleep_until(at))),
+    }
+}
+
+async fn write<W: tokio::io::AsyncWrite + Unpin>(
+    stream: &mut W,
+    bytes: &[u8],
+) -> Result<(), Broken> {
+    stream.write_all(bytes).await.map_err(|_| Broken)
+}
+
+fn broken(route: &str, why: &str) -> Broken {
+    debug!(
+        route,
+        why, "response cut short; closing the client's connection"
+    );
+    Broken
+}
+
+/// Resolves when the client closed its connection (or it failed); bytes
+/// it sends meanwhile (a pipelined request) are kept in `input`.
+async fn client_left(stream: &TcpStream, input: &mut BytesMut, max: usize) {
+    loop {
+        if input.len() >= max || stream.readable().await.is_err() {
+            // Nothing more is taken; the request goes on.
+            return std::future::pending().await;
+        }
+        input.reserve(INPUT_CAPACITY);
+        match stream.try_read_buf(input) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! The interceptor's direct HTTP/1.1 path, byte by byte on loopback: raw
+//! clients, and apps that answer with exactly the bytes a test gives them
+//! (well-framed, chunked, interim, doubtful, closing). And what it hands to
+//! hyper: every request framing shape that could be read two ways, on a
+//! connection the direct path already served, without the app and the
+//! client ever disagreeing on where a request ends.
+
+mod support;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hoist::config::{HttpRouteSettings, Settings};
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use support::Hoist;
+use support::web::{Upstream, full};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn proxying_to(upstream: SocketAddr) -> Settings {
+    let mut settings = Settings::default();
+    settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
+    settings.interceptor.http_routes = vec![HttpRouteSettings {
+        name: "web".into(),
+        host: "web.test".into(),
+        path_prefix: None,
+        upstream: upstream.to_string(),
+        upstream_http2: false,
+        cold_start_timeout: None,
+        response_timeout: None,
+    }];
+    settings
+}
+
+/// What a scripted app does with one request.
+#[derive(Clone, Copy)]
+enum Reply {
+    /// Writes these bytes and reads the next request.
+    Send(&'static str),
+    /// Writes these bytes and closes the connection.
+    SendAndClose(&'static str),
+    /// Reads the request and closes the connection without a word.
+    Close,
+}
+
+const OK: Reply = Reply::Send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+
+/// An app answering each request it reads with the next reply of its
+/// script (then `OK`), counting connections and requests.
+struct ScriptedApp {
+    addr: SocketAddr,
+    /// Connections that carried a request (hoist's check of a cold app
+    /// opens one that carries none).
+    connections: Arc<AtomicUsize>,
+    /// Request heads, as the app read them.
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl ScriptedApp {
+    async fn start(script: &[Reply]) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let script = Arc::new(Mutex::new(script.iter().copied().collect::<VecDeque<_>>()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (counted, seen) = (connections.clone(), requests.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve_script(
+                    stream,
+                    script.clone(),
+                    seen.clone(),
+                    counted.clone(),
+                ));
+            }
+        });
+        Self {
+            addr,
+            connections,
+            requests,
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+async fn serve_script(
+    mut stream: TcpStream,
+    script: Arc<Mutex<VecDeque<Reply>>>,
+    seen: Arc<Mutex<Vec<String>>>,
+    used: Arc<AtomicUsize>,
+) {
+    let mut reader = Reader::default();
+    let mut first = true;
+    while let Some(head) = reader.head(&mut stream).await {
+        if std::mem::take(&mut first) {
+            used.fetch_add(1, Ordering::SeqCst);
+        }
+        let length = field(&head, "content-length").map_or(0, |v| v.parse().unwrap());
+        reader.exactly(&mut stream, length).await;
+        seen.lock().unwrap().push(head);
+        let reply = script.lock().unwrap().pop_front().unwrap_or(OK);
+        match reply {
+            Reply::Send(bytes) => stream.write_all(bytes.as_bytes()).await.unwrap(),
+            Reply::SendAndClose(bytes) => {
+                stream.write_all(bytes.as_bytes()).await.unwrap();
+                return;
+            }
+            Reply::Close => return,
+        }
+    }
+}
+
+/// Reads HTTP/1.1 messages off a stream, keeping what came early.
+#[derive(Default)]
+struct Reader {
+    buffer: Vec<u8>,
+}
+
+impl Reader {
+    async fn fill(&mut self, stream: &mut TcpStream) -> bool {
+        let mut chunk = [0u8; 4096];
+        let read = tokio::time::timeout(PATIENCE, stream.read(&mut chunk))
+            .await
+            .expect("bytes within the patience")
+            .unwrap_or(0);
+        self.buffer.extend_from_slice(&chunk[..read]);
+        read > 0
+    }
+
+    /// A head, or `None` at the end of the stream.
+    async fn head(&mut self, stream: &mut TcpStream) -> Option<String> {
+        loop {
+            if let Some(end) = self.buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head: Vec<u8> = self.buffer.drain(..end + 4).collect();
+                return Some(String::from_utf8(head).unwrap());
+            }
+            if !self.fill(stream).await {
+                return None;
+            }
+        }
+    }
+
+    async fn exactly(&mut self, stream: &mut TcpStream, length: usize) -> Vec<u8> {
+        while self.buffer.len() < length {
+            assert!(self.fill(stream).await, "the stream ended mid-body");
+        }
+        self.buffer.drain(..length).collect()
+    }
+
+    /// A chunked body as sent, framing included, up to its last chunk (the
+    /// proxy sends no trailers).
+    async fn chunked(&mut self, stream: &mut TcpStream) -> Vec<u8> {
+        loop {
+            if let Some(end) = self.buffer.windows(5).position(|w| w == b"0\r\n\r\n") {
+                return self.buffer.drain(..end + 5).collect();
+            }
+            assert!(self.fill(stream).await, "the stream ended mid-body");
+        }
+    }
+
+    async fn rest(&mut self, stream: &mut TcpStream) -> Vec<u8> {
+        while self.fill(stream).await {}
+        std::mem::take(&mut self.buffer)
+    }
+
+    /// A response: its head and its body (by its framing).
+    async fn response(&mut self, stream: &mut TcpStream, to_head: bool) -> (String, String) {
+        let head = self.head(stream).await.expect("a response");
+        let body = if to_head {
+            Vec::new()
+        } else if field(&head, "transfer-encoding").is_some() {
+            self.chunked(stream).await
+        } else if let Some(length) = field(&head, "content-length") {
+            self.exactly(stream, length.parse().unwrap()).await
+        } else {
+            self.rest(stream).await
+        };
+        (head, String::from_utf8(body).unwrap())
+    }
+}
+
+/// A field's value in a head (any case).
+fn field(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.eq_ignore_ascii_case(name)
+            .then(|| value.trim().to_string())
+    })
+}
+
+fn status(head: &str) -> u16 {
+    head.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+const GET: &str = "GET /a HTTP/1.1\r\nHost: web.test\r\n\r\n";
+
+#[tokio::test]
+async fn plain_requests_share_one_app_connection_and_get_a_date() {
+    let app = ScriptedApp::start(&[]).await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    for _ in 0..3 {
+        client.write_all(GET.as_bytes()).await.unwrap();
+        let (head, body) = reader.response(&mut client, false).await;
+        assert_eq!((status(&head), body.as_str()), (200, "ok"), "{head}");
+        assert!(field(&head, "date").is_some(), "{head}");
+    }
+    assert_eq!(app.requests().len(), 3);
+    assert_eq!(app.connections(), 1, "one app connection, kept");
+    let forwarded = &app.requests()[0];
+    assert!(forwarded.starts_with("GET /a HTTP/1.1\r\n"), "{forwarded}");
+    assert_eq!(
+        field(forwarded, "x-forwarded-host").as_deref(),
+        Some("web.test")
+    );
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order() {
+    let app = ScriptedApp::start(&[
+        Reply::Send("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\none"),
+        Reply::Send("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\ntwo"),
+    ])
+    .await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    client
+        .write_all(format!("{GET}{GET}").as_bytes())
+        .await
+        .unwrap();
+    let mut reader = Reader::default();
+    assert_eq!(reader.response(&mut client, false).await.1, "one");
+    assert_eq!(reader.response(&mut client, false).await.1, "two");
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn chunked_responses_are_framed_again_without_extensions_or_trailers() {
+    let app = ScriptedApp::start(&[Reply::Send(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+         5;name=value\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: secret\r\n\r\n",
+    )])
+    .await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client.write_all(GET.as_bytes()).await.unwrap();
+    let (head, body) = reader.response(&mut client, false).await;
+    assert_eq!(
+        field(&head, "transfer-encoding").as_deref(),
+        Some("chunked")
+    );
+    assert_eq!(body, "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+    // The message ended cleanly: the app's connection serves the next.
+    client.write_all(GET.as_bytes()).await.unwrap();
+    assert_eq!(reader.response(&mut client, false).await.1, "ok");
+    assert_eq!(app.connections(), 1);
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn responses_to_head_have_no_body_and_keep_both_connections() {
+    let app =
+        ScriptedApp::start(&[Reply::Send("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")]).await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client
+        .write_all(b"HEAD /a HTTP/1.1\r\nHost: web.test\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, _) = reader.response(&mut client, true).await;
+    assert_eq!(field(&head, "content-length").as_deref(), Some("5"));
+    client.write_all(GET.as_bytes()).await.unwrap();
+    assert_eq!(reader.response(&mut client, false).await.1, "ok");
+    assert_eq!(app.connections(), 1);
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn interim_responses_stay_behind() {
+    let app = ScriptedApp::start(&[Reply::Send(
+        "HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n\
+         HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal",
+    )])
+    .await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client.write_all(GET.as_bytes()).await.unwrap();
+    let (head, body) = reader.response(&mut client, false).await;
+    assert_eq!((status(&head), body.as_str()), (200, "final"), "{head}");
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_response_without_a_length_ends_the_clients_connection_after_it() {
+    let app =
+        ScriptedApp::start(&[Reply::SendAndClose("HTTP/1.1 200 OK\r\n\r\nuntil the end")]).await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client.write_all(GET.as_bytes()).await.unwrap();
+    let (head, body) = reader.response(&mut client, false).await;
+    assert_eq!(field(&head, "connection").as_deref(), Some("close"));
+    assert_eq!(body, "until the end");
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_apps_doubtful_framing_is_a_502_and_its_connection_is_not_used_again() {
+    for doubtful in [
+        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc",
+        "HTTP/1.1 200 OK\r\nContent-Length: 0x2\r\n\r\nab",
+        "HTTP/1.1 200 OK\r\nBad Name: x\r\nContent-Length: 2\r\n\r\nab",
+    ] {
+        let app = ScriptedApp::start(&[Reply::Send(doubtful)]).await;
+        let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+        let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+        let mut reader = Reader::default();
+        client.write_all(GET.as_bytes()).await.unwrap();
+        let (head, body) = reader.response(&mut client, false).await;
+        assert_eq!(status(&head), 502, "{doubtful}: {head}{body}");
+        assert!(body.contains("the app's connection failed"), "{body}");
+        client.write_all(GET.as_bytes()).await.unwrap();
+        assert_eq!(reader.response(&mut client, false).await.1, "ok");
+        assert_eq!(app.connections(), 2, "{doubtful}: a new connection");
+        hoist.stop().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_broken_chunked_body_closes_the_clients_connection() {
+    let app = ScriptedApp::start(&[Reply::Send(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX",
+    )])
+    .await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client.write_all(GET.as_bytes()).await.unwrap();
+    let head = reader.head(&mut client).await.expect("the head went out");
+    assert_eq!(status(&head), 200);
+    let rest = String::from_utf8(reader.rest(&mut client).await).unwrap();
+    assert_eq!(
+        rest, "5\r\nhello",
+        "the good part, then the end of the connection"
+    );
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reused_connection_the_app_dropped_is_retried_for_idempotent_requests_only() {
+    // The app answers once, then reads the next request and closes: the
+    // race of an app's keep-alive timeout.
+    let app = ScriptedApp::start(&[OK, Reply::Close]).await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    for _ in 0..2 {
+        client.write_all(GET.as_bytes()).await.unwrap();
+        assert_eq!(reader.response(&mut client, false).await.1, "ok");
+    }
+    assert_eq!(app.requests().len(), 3, "the second GET, sent again");
+    assert_eq!(app.connections(), 2);
+    hoist.stop().await.unwrap();
+
+    let app = ScriptedApp::start(&[OK, Reply::Close]).await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client.write_all(GET.as_bytes()).await.unwrap();
+    assert_eq!(reader.response(&mut client, false).await.1, "ok");
+    client
+        .write_all(b"POST /order HTTP/1.1\r\nHost: web.test\r\nContent-Length: 1\r\n\r\n1")
+        .await
+        .unwrap();
+    let (head, _) = reader.response(&mut client, false).await;
+    assert_eq!(
+        status(&head),
+        502,
+        "a POST the app may have acted on is not sent twice"
+    );
+    assert_eq!(app.requests().len(), 2);
+    hoist.stop().await.unwrap();
+}
+
+/// Answers with what it got: method, path and body.
+async fn recording(request: Request<Incoming>) -> Response<support::web::Body> {
+    let line = format!("{} {}", request.method(), request.uri().path());
+    let body = request.into_body().collect().await.map(|b| b.to_bytes());
+    let body = body.map_or_else(
+        |_| "(body failed)".to_string(),
+        |b| String::from_utf8_lossy(&b).into_owned(),
+    );
+    Response::new(full(format!("{line} [{body}]")))
+}
+
+#[tokio::test]
+async fn a_body_still_on_its_way_is_streamed_by_hyper() {
+    let app = Upstream::start(recording).await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client.write_all(GET.as_bytes()).await.unwrap();
+    assert_eq!(reader.response(&mut client, false).await.1, "GET /a []");
+    client
+        .write_all(b"POST /up HTTP/1.1\r\nHost: web.test\r\nContent-Length: 10\r\n\r\nhello")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client.write_all(b"world").await.unwrap();
+    assert_eq!(
+        reader.response(&mut client, false).await.1,
+        "POST /up [helloworld]"
+    );
+    // Still one connection, now hyper's, and still answering.
+    client.write_all(GET.as_bytes()).await.unwrap();
+    assert_eq!(reader.response(&mut client, false).await.1, "GET /a []");
+    hoist.stop().await.unwrap();
+}
+
+/// Request framings two readers could disagree on (RFC 9112 §6, §11.2),
+/// each followed on the wire by a request it might hide or reveal.
+const DOUBTFUL_REQUESTS: &[&str] = &[
+    // CL.TE and TE.CL: both lengths.
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nX",
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n",
+    // Two lengths.
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nContent-Length: 1\r\nContent-Length: 5\r\n\r\nABCDE",
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nContent-Length: 1, 5\r\n\r\nABCDE",
+    // Codings and spellings some readers take for chunked.
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: xchunked\r\n\r\n0\r\n\r\n",
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding:\tchunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n",
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: x\r\n\r\n0\r\n\r\n",
+    // Lengths with signs or in hex.
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nContent-Length: +5\r\n\r\nABCDE",
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nContent-Length: 0x5\r\n\r\nABCDE",
+    // Chunk sizes that overflow or are not hex.
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000000001\r\nA\r\n0\r\n\r\n",
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\nz\r\nA\r\n0\r\n\r\n",
+    // A folded line, and a line without its CR.
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nContent-Length: 5\r\n Transfer-Encoding: chunked\r\n\r\nABCDE",
+    "POST /v HTTP/1.1\r\nHost: web.test\r\nContent-Length: 5\rX: y\r\n\r\nABCDE",
+    // Two hosts, and an absolute target naming another.
+    "GET /v HTTP/1.1\r\nHost: web.test\r\nHost: other.test\r\n\r\n",
+    "GET http://other.test/v HTTP/1.1\r\nHost: web.test\r\n\r\n",
+    // HTTP/1.0 with keep-alive and a body.
+    "POST /v HTTP/1.0\r\nHost: web.test\r\nConnection: keep-alive\r\nContent-Length: 5\r\n\r\nABCDE",
+];
+
+const HIDDEN: &str = "GET /hidden HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n";
+
+#[tokio::test]
+async fn doubtful_request_framing_goes_to_hyper_and_never_desynchronises_the_app() {
+    let app = Upstream::start(recording).await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let proxy = hoist.http_proxy.unwrap();
+    for doubtful in DOUBTFUL_REQUESTS {
+        let mut client = TcpStream::connect(proxy).await.unwrap();
+        let mut reader = Reader::default();
+        // First a plain request: the direct path has the connection.
+        client.write_all(GET.as_bytes()).await.unwrap();
+        assert_eq!(reader.response(&mut client, false).await.1, "GET /a []");
+        let before = app.requests();
+        client
+            .write_all(format!("{doubtful}{HIDDEN}").as_bytes())
+            .await
+            .unwrap();
+        // Every answer the client gets, until hoist closes.
+        let mut answers = Vec::new();
+        while let Some(head) = reader.head(&mut client).await {
+            let length = field(&head, "content-length").expect("answers have a length");
+            let body = reader.exactly(&mut client, length.parse().unwrap()).await;
+            answers.push((status(&head), String::from_utf8(body).unwrap()));
+        }
+        let reached: Vec<&String> = answers
+            .iter()
+            .filter(|(status, _)| *status == 200)
+            .map(|(_, body)| body)
+            .collect();
+        // The app got exactly the requests whose answers the client read:
+        // none it did not see, none hidden in a body or split off one.
+        assert_eq!(
+            app.requests() - before,
+            reached.len(),
+            "{doubtful:?}: answers {answers:?}"
+        );
+        for body in &reached {
+            assert!(
+                !body.contains("SMUGGLED") || body.starts_with("POST /v [SMUGGLED"),
+                "{doubtful:?}: {body}"
+            );
+        }
+        // Answered by the app, refused, or (the absolute target) routed
+        // by the host it names; then the connection was closed. Both
+        // lengths at once: read as chunked, and nothing more read on that
+        // connection (RFC 9112 §6.3).
+        if doubtful.contains("Content-Length")
+            && doubtful.contains("Transfer-Encoding: chunked\r\n")
+        {
+            assert_eq!(answers.len(), 1, "{doubtful:?}: {answers:?}");
+        }
+        assert!(
+            answers
+                .first()
+                .is_some_and(|(status, _)| [200, 400, 404].contains(status)),
+            "{doubtful:?}: {answers:?}"
+        );
+    }
+    hoist.stop().await.unwrap();
+}
