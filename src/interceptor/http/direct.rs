@@ -80,6 +80,10 @@ pub(super) async fn serve(mut client: ClientConnection) {
         };
         let keep_open = exchange.run(&mut client, &request, &mut input).await;
         input.advance(request.length);
+        if input.is_empty() && input.capacity() > KEEP_AT_MOST {
+            input = BytesMut::with_capacity(INPUT_CAPACITY);
+        }
+        exchange.shrink();
         if !keep_open {
             let _ = client.stream.shutdown().await;
             return;
@@ -167,11 +171,27 @@ struct Exchange {
     response_timer: Option<std::pin::Pin<Box<Sleep>>>,
 }
 
+/// A buffer grown past this by one large message is given back after it:
+/// an idle keep-alive connection keeps a few KiB, not its largest message.
+const KEEP_AT_MOST: usize = 64 * 1024;
+
 /// Why a response stopped halfway: the client's connection is closed (an
 /// HTTP/1.1 message cannot be cut short otherwise).
 struct Broken;
 
 impl Exchange {
+    fn shrink(&mut self) {
+        if self.upstream_out.capacity() > KEEP_AT_MOST {
+            self.upstream_out = Vec::new();
+        }
+        if self.client_out.capacity() > KEEP_AT_MOST {
+            self.client_out = Vec::new();
+        }
+        if self.upstream_in.capacity() > KEEP_AT_MOST && self.upstream_in.is_empty() {
+            self.upstream_in = BytesMut::new();
+        }
+    }
+
     /// Proxies one request; false when the client's connection closes
     /// after it.
     async fn run(
