@@ -209,6 +209,23 @@ fn status(head: &str) -> u16 {
 
 const GET: &str = "GET /a HTTP/1.1\r\nHost: web.test\r\n\r\n";
 
+/// Connections handed to hyper, by reason, from `/metrics`.
+async fn handed_to_hyper(hoist: &Hoist) -> Vec<(String, u64)> {
+    let (status, metrics) = hoist.get("/metrics").await;
+    assert_eq!(status, 200);
+    metrics
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("hoist_interceptor_http_hyper_connections_total{reason=\"")
+        })
+        .filter_map(|rest| {
+            let (reason, value) = rest.split_once("\"} ")?;
+            Some((reason.to_string(), value.trim().parse().ok()?))
+        })
+        .filter(|(_, count)| *count > 0)
+        .collect()
+}
+
 #[tokio::test]
 async fn plain_requests_share_one_app_connection_and_get_a_date() {
     let app = ScriptedApp::start(&[]).await;
@@ -229,6 +246,7 @@ async fn plain_requests_share_one_app_connection_and_get_a_date() {
         field(forwarded, "x-forwarded-host").as_deref(),
         Some("web.test")
     );
+    assert_eq!(handed_to_hyper(&hoist).await, [], "all direct");
     hoist.stop().await.unwrap();
 }
 
@@ -435,6 +453,10 @@ async fn a_body_still_on_its_way_is_streamed_by_hyper() {
     // Still one connection, now hyper's, and still answering.
     client.write_all(GET.as_bytes()).await.unwrap();
     assert_eq!(reader.response(&mut client, false).await.1, "GET /a []");
+    assert_eq!(
+        handed_to_hyper(&hoist).await,
+        [("body_in_pieces".to_string(), 1)]
+    );
     hoist.stop().await.unwrap();
 }
 

@@ -105,6 +105,8 @@ pub struct Routes {
     version: watch::Sender<u64>,
     /// Each listener's connection cap, for metrics.
     listeners: Mutex<Vec<Arc<ConnectionLimit>>>,
+    /// HTTP connections the direct path handed to hyper, by why.
+    http_handovers: http::Handovers,
 }
 
 impl Routes {
@@ -114,6 +116,7 @@ impl Routes {
             current: ArcSwap::from_pointee(RouteSet::default()),
             version: watch::Sender::new(0),
             listeners: Mutex::new(Vec::new()),
+            http_handovers: http::Handovers::default(),
         }
     }
 

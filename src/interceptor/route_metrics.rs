@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 
+use super::http::Handover;
 use super::{Protocol, Routes};
 
 /// The interceptor's per-route counters, read at scrape time.
@@ -37,6 +38,11 @@ struct DeniedLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ListenerLabels {
     listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandoverLabels {
+    reason: &'static str,
 }
 
 impl prometheus_client::collector::Collector for RouteTraffic {
@@ -155,6 +161,19 @@ impl prometheus_client::collector::Collector for RouteTraffic {
                 listener: limit.listener.clone(),
             };
             ConstCounter::new(limit.refused()).encode(refused.encode_family(&labels)?)?;
+        }
+        let mut handed = encoder.encode_descriptor(
+            "hoist_interceptor_http_hyper_connections",
+            "HTTP client connections served by hyper rather than the direct HTTP/1.1 path (from their first request, or from the first one the direct path did not take), by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        for why in Handover::ALL {
+            let labels = HandoverLabels {
+                reason: why.label(),
+            };
+            ConstCounter::new(self.0.http_handovers.total(why))
+                .encode(handed.encode_family(&labels)?)?;
         }
         Ok(())
     }

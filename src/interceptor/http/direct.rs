@@ -28,7 +28,7 @@ use tracing::debug;
 
 use super::request_head::{self, Forwarding, Reading};
 use super::response_head::{self, Framing, Rechunker, ResponseHead, ResponseReading};
-use super::{Answer, ClientConnection, HEADER_READ_TIMEOUT, HttpRoute, request_path};
+use super::{Answer, ClientConnection, HEADER_READ_TIMEOUT, Handover, HttpRoute, request_path};
 
 /// What a connection's input buffer starts with.
 const INPUT_CAPACITY: usize = 4096;
@@ -48,12 +48,15 @@ pub(super) async fn serve(mut client: ClientConnection) {
         let mut head_deadline = None;
         let request = loop {
             if !input.is_empty() {
-                match prepare(&input, &client, &mut exchange.upstream_out) {
-                    Step::Partial if input.len() < client.max_header_bytes => {}
-                    Step::Partial | Step::Fallback => {
-                        return super::serve_with_hyper(client, input).await;
-                    }
+                let why = match prepare(&input, &client, &mut exchange.upstream_out) {
+                    Step::Partial if input.len() < client.max_header_bytes => None,
+                    Step::Partial => Some(Handover::LongHead),
+                    Step::Fallback(why) => Some(why),
                     Step::Direct(request) => break request,
+                };
+                if let Some(why) = why {
+                    client.routes.http_handovers.count(why);
+                    return super::serve_with_hyper(client, input).await;
                 }
             }
             input.reserve(INPUT_CAPACITY);
@@ -106,7 +109,7 @@ struct Request {
 
 enum Step {
     Partial,
-    Fallback,
+    Fallback(Handover),
     Direct(Request),
 }
 
@@ -116,7 +119,7 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
     let mut slots = request_head::header_slots();
     let (head, fields) = match request_head::read(input, &mut slots) {
         (Reading::Partial, _) => return Step::Partial,
-        (Reading::Fallback, _) => return Step::Fallback,
+        (Reading::Fallback, _) => return Step::Fallback(Handover::Shape),
         (Reading::Direct(head), fields) => (head, fields),
     };
     // A body still on its way is hyper's to stream.
@@ -125,18 +128,18 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
         .and_then(|body| head.length.checked_add(body))
         .filter(|length| *length <= input.len())
     else {
-        return Step::Fallback;
+        return Step::Fallback(Handover::BodyInPieces);
     };
     // A path refused, or no route: hyper gives the answer (400, 404).
     let Ok(path) = request_path::normalize(head.path, client.peer.allow_encoded_slashes) else {
-        return Step::Fallback;
+        return Step::Fallback(Handover::Answer);
     };
     let routes = client.routes.current();
     let Some(route) = routes.http.find(head.host, &path) else {
-        return Step::Fallback;
+        return Step::Fallback(Handover::Answer);
     };
     if route.upstream_http2 {
-        return Step::Fallback;
+        return Step::Fallback(Handover::UpstreamH2c);
     }
     out.clear();
     let forwarding = Forwarding {

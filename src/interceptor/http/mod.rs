@@ -264,6 +264,7 @@ pub async fn serve(
             // A trusted proxy's forwarded headers are appended to: hyper's
             // path does that.
             if client.peer.trusted {
+                client.routes.http_handovers.count(Handover::TrustedProxy);
                 serve_with_hyper(client, BytesMut::new()).await;
             } else {
                 direct::serve(client).await;
@@ -280,6 +281,62 @@ pub async fn serve(
             ?grace,
             "interceptor requests still open after the grace period"
         );
+    }
+}
+
+/// Why a client connection is served by hyper rather than the direct
+/// path (from its first request, or from the first one the direct path
+/// did not take).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// A peer in `trusted_proxies`: its forwarded headers are appended to.
+    TrustedProxy,
+    /// A request of another shape (body coding, upgrade, h2c, an
+    /// `Expect`, HTTP/1.0, a target or `Host` of other characters...).
+    Shape,
+    /// A body not yet received whole with its head.
+    BodyInPieces,
+    /// No route, or a path hoist refuses: hyper gives the answer.
+    Answer,
+    /// The route's app speaks h2c.
+    UpstreamH2c,
+    /// A head not complete within `max_header_bytes` (hyper: 431).
+    LongHead,
+}
+
+impl Handover {
+    pub const ALL: [Handover; 6] = [
+        Handover::TrustedProxy,
+        Handover::Shape,
+        Handover::BodyInPieces,
+        Handover::Answer,
+        Handover::UpstreamH2c,
+        Handover::LongHead,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Handover::TrustedProxy => "trusted_proxy",
+            Handover::Shape => "request_shape",
+            Handover::BodyInPieces => "body_in_pieces",
+            Handover::Answer => "no_route_or_refused",
+            Handover::UpstreamH2c => "upstream_h2c",
+            Handover::LongHead => "long_head",
+        }
+    }
+}
+
+/// Connections handed to hyper, by why (`/metrics`).
+#[derive(Debug, Default)]
+pub struct Handovers([std::sync::atomic::AtomicU64; Handover::ALL.len()]);
+
+impl Handovers {
+    fn count(&self, why: Handover) {
+        self.0[why as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn total(&self, why: Handover) -> u64 {
+        self.0[why as usize].load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
