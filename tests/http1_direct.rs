@@ -20,8 +20,9 @@ use hyper::body::Incoming;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use support::Hoist;
+use hoist::interceptor::report::RoutesReport;
 use support::web::{Upstream, full};
+use support::{Hoist, eventually};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -49,6 +50,8 @@ enum Reply {
     SendAndClose(&'static str),
     /// Reads the request and closes the connection without a word.
     Close,
+    /// Reads the request and says nothing, the connection kept open.
+    Silent,
 }
 
 const OK: Reply = Reply::Send("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
@@ -121,6 +124,7 @@ async fn serve_script(
                 return;
             }
             Reply::Close => return,
+            Reply::Silent => {}
         }
     }
 }
@@ -597,5 +601,81 @@ async fn doubtful_request_framing_goes_to_hyper_and_never_desynchronises_the_app
         let statuses: Vec<u16> = answers.iter().map(|(status, _)| *status).collect();
         assert_eq!(&statuses, expected, "{doubtful:?}: {answers:?}");
     }
+    hoist.stop().await.unwrap();
+}
+
+async fn in_flight(hoist: &Hoist) -> u64 {
+    let (status, body) = support::http_get(hoist.admin, "/interceptor/routes").await;
+    assert_eq!(status, 200, "{body}");
+    let report: RoutesReport = serde_json::from_str(&body).unwrap();
+    report.routes["web"].load.in_flight
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_before_or_during_the_answer_is_let_go() {
+    // Before: the app never answers. During: it sends part of a body.
+    for reply in [
+        Reply::Silent,
+        Reply::Send("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart of it"),
+    ] {
+        let app = ScriptedApp::start(&[reply]).await;
+        let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+        let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+        client.write_all(GET.as_bytes()).await.unwrap();
+        eventually(PATIENCE, "the request to be in flight", || async {
+            in_flight(&hoist).await == 1 && app.requests().len() == 1
+        })
+        .await;
+        drop(client);
+        eventually(PATIENCE, "the request to be let go", || async {
+            in_flight(&hoist).await == 0
+        })
+        .await;
+        hoist.stop().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn hoists_own_answer_to_head_has_no_body() {
+    let app = ScriptedApp::start(&[Reply::Send(
+        "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    )])
+    .await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client
+        .write_all(format!("HEAD /a HTTP/1.1\r\nHost: web.test\r\n\r\n{GET}").as_bytes())
+        .await
+        .unwrap();
+    let (head, _) = reader.response(&mut client, true).await;
+    assert_eq!(status(&head), 502, "{head}");
+    // The next answer starts where the client expects it.
+    let (head, body) = reader.response(&mut client, false).await;
+    assert_eq!((status(&head), body.as_str()), (200, "ok"), "{head}");
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_apps_connection_option_cannot_take_the_length_away() {
+    let app = ScriptedApp::start(&[Reply::Send(
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: Content-Length\r\n\r\nhello",
+    )])
+    .await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client
+        .write_all(format!("{GET}{GET}").as_bytes())
+        .await
+        .unwrap();
+    let (head, body) = reader.response(&mut client, false).await;
+    assert_eq!(
+        field(&head, "content-length").as_deref(),
+        Some("5"),
+        "{head}"
+    );
+    assert_eq!(body, "hello");
+    assert_eq!(reader.response(&mut client, false).await.1, "ok");
     hoist.stop().await.unwrap();
 }

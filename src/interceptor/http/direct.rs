@@ -45,6 +45,11 @@ pub(super) async fn serve(mut client: ClientConnection) {
     let shutdown = client.shutdown.clone();
     let mut closing = pin!(shutdown.cancelled());
     loop {
+        // Once hoist shuts down, no new request is taken (as hyper's
+        // graceful shutdown does); the last answer said `close`.
+        if shutdown.is_cancelled() {
+            return;
+        }
         let mut head_deadline = None;
         let request = loop {
             if !input.is_empty() {
@@ -71,9 +76,13 @@ pub(super) async fn serve(mut client: ClientConnection) {
                 // A head in pieces gets what hyper gives one (slow-loris).
                 let deadline =
                     *head_deadline.get_or_insert_with(|| Instant::now() + HEADER_READ_TIMEOUT);
-                match tokio::time::timeout_at(deadline, client.stream.read_buf(&mut input)).await {
-                    Ok(read) => read,
-                    Err(_) => return,
+                tokio::select! {
+                    biased;
+                    read = tokio::time::timeout_at(deadline, client.stream.read_buf(&mut input)) => match read {
+                        Ok(read) => read,
+                        Err(_) => return,
+                    },
+                    () = closing.as_mut() => return,
                 }
             };
             match read {
@@ -206,25 +215,39 @@ impl Exchange {
         let route = &request.route;
         let _in_flight = route.counters.start(Instant::now());
         let _open = client.activity.request();
+        // A shutting-down hoist answers this one, and says so.
+        let close = request.close || client.shutdown.is_cancelled();
         let deadline = route.upstream.deadline();
-        // Held here through a cold start; a client that leaves ends it.
+        let max = client.max_header_bytes;
+        // Held here through a cold start, then sent and answered; a client
+        // that leaves meanwhile ends it (its place in the counts too).
         let admitted = tokio::select! {
             biased;
             admitted = route.upstream.admit(deadline) => admitted,
-            () = client_left(client.stream.get_ref(), input, client.max_header_bytes) => return false,
+            () = client_left(client.stream.get_ref(), input, max) => return false,
         };
         if let Err(error) = admitted {
+            let answer = Answer::refusal(&error);
             return self
-                .answer(client, route, Answer::refusal(&error), request.close)
+                .answer(client, route, answer, close, request.head)
                 .await;
         }
-        let (upstream, head) = match self.send(route, request, deadline).await {
+        let sent = tokio::select! {
+            biased;
+            sent = self.send(route, request, close, deadline) => sent,
+            () = client_left(client.stream.get_ref(), input, max) => return false,
+        };
+        let (upstream, head) = match sent {
             Ok(answered) => answered,
-            Err(answer) => return self.answer(client, route, answer, request.close).await,
+            Err(answer) => {
+                return self
+                    .answer(client, route, answer, close, request.head)
+                    .await;
+            }
         };
         route.upstream.reached();
         let keep_client = !head.close_client;
-        match self.relay(client, upstream, &head, route).await {
+        match self.relay(client, upstream, &head, route, input).await {
             Ok(()) => keep_client,
             Err(Broken) => false,
         }
@@ -236,6 +259,7 @@ impl Exchange {
         &mut self,
         route: &HttpRoute,
         request: &Request,
+        close: bool,
         deadline: Instant,
     ) -> Result<(TcpStream, ResponseHead), Answer> {
         let mut may_reuse = true;
@@ -267,13 +291,15 @@ impl Exchange {
                 return Err(Answer::upstream_failure(&route.name, &error));
             }
             self.upstream_in.clear();
+            // Anything from the app (even a 1xx) means it took the request.
+            let mut heard = false;
             loop {
                 if !self.upstream_in.is_empty() {
                     self.client_out.clear();
                     match response_head::read(
                         &self.upstream_in,
                         request.head,
-                        request.close,
+                        close,
                         &mut self.client_out,
                     ) {
                         ResponseReading::Final(head) => return Ok((upstream, head)),
@@ -300,9 +326,7 @@ impl Exchange {
                     () = timer.as_mut() => return Err(Answer::too_slow(&route.name, timeout)),
                 };
                 match read {
-                    Ok(0) | Err(_)
-                        if reused && self.upstream_in.is_empty() && request.idempotent =>
-                    {
+                    Ok(0) | Err(_) if reused && !heard && request.idempotent => {
                         may_reuse = false;
                         continue 'attempt;
                     }
@@ -313,7 +337,7 @@ impl Exchange {
                         ));
                     }
                     Err(error) => return Err(Answer::upstream_failure(&route.name, &error)),
-                    Ok(_) => {}
+                    Ok(_) => heard = true,
                 }
             }
         }
@@ -328,12 +352,13 @@ impl Exchange {
         mut upstream: TcpStream,
         head: &ResponseHead,
         route: &HttpRoute,
+        input: &mut BytesMut,
     ) -> Result<(), Broken> {
         self.upstream_in.advance(head.length);
-        let stream = &mut client.stream;
+        let name = &route.name;
         let ended = match head.framing {
             Framing::Empty => {
-                write(stream, &self.client_out).await?;
+                write(&mut client.stream, &self.client_out).await?;
                 true
             }
             Framing::Length(length) => {
@@ -341,12 +366,14 @@ impl Exchange {
                 loop {
                     let take = self.take(left);
                     left -= take as u64;
-                    write(stream, &self.client_out).await?;
+                    write(&mut client.stream, &self.client_out).await?;
                     if left == 0 {
                         break true;
                     }
                     self.client_out.clear();
-                    self.read_body(&mut upstream, &route.name).await?;
+                    if self.read_body(&mut upstream, client, input, name).await? == 0 {
+                        return Err(broken(name, "the app closed the connection mid-body"));
+                    }
                 }
             }
             Framing::Chunked => {
@@ -354,29 +381,28 @@ impl Exchange {
                 loop {
                     let Ok(used) = chunks.feed(&self.upstream_in, &mut self.client_out) else {
                         // What came well framed before goes out first.
-                        let _ = write(stream, &self.client_out).await;
-                        return Err(broken(&route.name, "the app's chunked body is malformed"));
+                        let _ = write(&mut client.stream, &self.client_out).await;
+                        return Err(broken(name, "the app's chunked body is malformed"));
                     };
                     self.upstream_in.advance(used);
                     if !self.client_out.is_empty() {
-                        write(stream, &self.client_out).await?;
+                        write(&mut client.stream, &self.client_out).await?;
                         self.client_out.clear();
                     }
                     if chunks.done() {
                         break true;
                     }
-                    self.read_body(&mut upstream, &route.name).await?;
+                    if self.read_body(&mut upstream, client, input, name).await? == 0 {
+                        return Err(broken(name, "the app closed the connection mid-body"));
+                    }
                 }
             }
             Framing::UntilClose => loop {
                 self.take(u64::MAX);
-                write(stream, &self.client_out).await?;
+                write(&mut client.stream, &self.client_out).await?;
                 self.client_out.clear();
-                self.upstream_in.reserve(READ_SIZE);
-                match upstream.read_buf(&mut self.upstream_in).await {
-                    Ok(0) => break false,
-                    Ok(_) => {}
-                    Err(_) => return Err(broken(&route.name, "the app's connection failed")),
+                if self.read_body(&mut upstream, client, input, name).await? == 0 {
+                    break false;
                 }
             },
         };
@@ -397,14 +423,24 @@ impl Exchange {
         take
     }
 
-    /// More of a body whose end has not come: an app that closes or fails
-    /// first broke the message.
-    async fn read_body(&mut self, upstream: &mut TcpStream, route: &str) -> Result<(), Broken> {
+    /// More of a body: the bytes read (0: the app closed). An app whose
+    /// connection fails, or a client that leaves, breaks the message.
+    async fn read_body(
+        &mut self,
+        upstream: &mut TcpStream,
+        client: &ClientConnection,
+        input: &mut BytesMut,
+        route: &str,
+    ) -> Result<usize, Broken> {
         self.upstream_in.reserve(READ_SIZE);
-        match upstream.read_buf(&mut self.upstream_in).await {
-            Ok(0) => Err(broken(route, "the app closed the connection mid-body")),
-            Ok(_) => Ok(()),
-            Err(_) => Err(broken(route, "the app's connection failed mid-body")),
+        tokio::select! {
+            biased;
+            read = upstream.read_buf(&mut self.upstream_in) => {
+                read.map_err(|_| broken(route, "the app's connection failed mid-body"))
+            }
+            () = client_left(client.stream.get_ref(), input, client.max_header_bytes) => {
+                Err(broken(route, "the client left mid-body"))
+            }
         }
     }
 
@@ -415,10 +451,11 @@ impl Exchange {
         route: &HttpRoute,
         answer: Answer,
         close: bool,
+        head: bool,
     ) -> bool {
         route.counters.refused(answer.status.as_u16());
         self.client_out.clear();
-        answer.write_http1(&mut self.client_out, close);
+        answer.write_http1(&mut self.client_out, close, head);
         write(&mut client.stream, &self.client_out).await.is_ok() && !close
     }
 }

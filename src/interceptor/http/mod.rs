@@ -729,8 +729,9 @@ impl Answer {
         response
     }
 
-    /// The same answer as an HTTP/1.1 message, for the direct path.
-    fn write_http1(&self, out: &mut Vec<u8>, close: bool) {
+    /// The same answer as an HTTP/1.1 message, for the direct path; to a
+    /// `HEAD` request without its body (the client reads none).
+    fn write_http1(&self, out: &mut Vec<u8>, close: bool, head: bool) {
         use std::io::Write;
         let _ = write!(
             out,
@@ -747,7 +748,9 @@ impl Answer {
         }
         response_head::write_date(out);
         out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(self.text.as_bytes());
+        if !head {
+            out.extend_from_slice(self.text.as_bytes());
+        }
     }
 }
 

@@ -16,6 +16,9 @@ use std::mem::MaybeUninit;
 /// Header fields read per message, at most (hyper's default too).
 pub const MAX_HEADERS: usize = 100;
 
+/// The longest request target hyper takes (its `MAX_URI_LEN`).
+const MAX_TARGET: usize = (u16::MAX - 1) as usize;
+
 pub type HeaderSlots<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
 
 pub fn header_slots<'b>() -> HeaderSlots<'b> {
@@ -96,7 +99,9 @@ fn check<'b>(
         Some((path, query)) => (path, Some(query)),
         None => (target, None),
     };
-    if !path.starts_with('/') || !target.bytes().all(plain_target_byte) {
+    // Longer targets get hyper's 414.
+    if target.len() > MAX_TARGET || !path.starts_with('/') || !target.bytes().all(plain_target_byte)
+    {
         return None;
     }
     let mut host_header = None;

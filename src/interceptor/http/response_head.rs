@@ -106,6 +106,7 @@ fn final_or_interim(
         return ResponseReading::Bad("the app's response head does not parse");
     };
     match status {
+        0..=99 => return ResponseReading::Bad("the app sent a status below 100"),
         101 => return ResponseReading::Bad("the app switched protocols unasked"),
         100..=199 => return ResponseReading::Interim(length),
         _ => {}
@@ -116,7 +117,6 @@ fn final_or_interim(
     let mut chunked = false;
     let mut close = false;
     let mut keep_alive = false;
-    let mut has_date = false;
     // Fields the app's `Connection` names: they end at this hop.
     let mut named: Vec<&[u8]> = Vec::new();
     for field in fields {
@@ -145,8 +145,6 @@ fn final_or_interim(
                     named.push(option);
                 }
             }
-        } else if name.eq_ignore_ascii_case("date") {
-            has_date = true;
         }
     }
     if chunked && version == 0 {
@@ -178,18 +176,26 @@ fn final_or_interim(
     out.push(b' ');
     out.extend_from_slice(reason.as_bytes());
     out.extend_from_slice(b"\r\n");
+    let mut wrote_length = false;
+    let mut wrote_date = false;
     for field in fields {
         let name = field.name;
-        let dropped = is_hop_by_hop(name)
-            || (name.eq_ignore_ascii_case("content-length") && (chunked || status == 204))
-            || named
-                .iter()
-                .any(|n| n.eq_ignore_ascii_case(name.as_bytes()));
+        let dropped = if name.eq_ignore_ascii_case("content-length") {
+            // The framing the client reads by: never dropped because the
+            // app's `Connection` names it; written once.
+            chunked || status == 204 || std::mem::replace(&mut wrote_length, true)
+        } else {
+            is_hop_by_hop(name)
+                || named
+                    .iter()
+                    .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
+        };
         if !dropped {
+            wrote_date |= name.eq_ignore_ascii_case("date");
             field_line(out, name.as_bytes(), field.value);
         }
     }
-    if !has_date {
+    if !wrote_date {
         write_date(out);
     }
     if framing == Framing::Chunked {
@@ -290,6 +296,15 @@ impl Rechunker {
                 ChunkState::Done => return Ok(at),
                 ChunkState::Size => match httparse::parse_chunk_size(rest) {
                     Ok(httparse::Status::Complete((used, size))) => {
+                        // httparse lets any byte through in an extension;
+                        // a bare CR or LF there is a line two readers
+                        // would end in different places.
+                        let line = &rest[..used];
+                        if !line.ends_with(b"\r\n")
+                            || line[..used - 2].iter().any(|b| *b == b'\r' || *b == b'\n')
+                        {
+                            return Err(BadChunk);
+                        }
                         at += used;
                         if size == 0 {
                             self.state = ChunkState::Trailers;
@@ -450,6 +465,19 @@ mod tests {
     }
 
     #[test]
+    fn the_length_survives_the_apps_connection_option_and_is_written_once() {
+        let (head, out) = final_head(
+            "HTTP/1.1 200 OK\r\nDate: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\
+             Connection: Content-Length, Date\r\n\r\nhello",
+            false,
+        );
+        assert_eq!(head.framing, Framing::Length(5));
+        assert_eq!(out.matches("Content-Length: 5").count(), 1, "{out}");
+        assert!(!out.contains("Date: x"), "named by Connection: {out}");
+        assert!(out.contains("\r\ndate: "), "one of hoist's instead: {out}");
+    }
+
+    #[test]
     fn a_date_is_added_when_the_app_sent_none() {
         let (_, out) = final_head("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", false);
         assert!(out.contains("\r\ndate: "), "{out}");
@@ -472,6 +500,7 @@ mod tests {
             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"
         ));
         assert!(bad("HTTP/1.1 2000 OK\r\n\r\n"));
+        assert!(bad("HTTP/1.1 042 Odd\r\nContent-Length: 0\r\n\r\n"));
         // Same length twice is one length.
         assert!(!bad(
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n"
@@ -514,6 +543,8 @@ mod tests {
             b"ffffffffffffffffff\r\n",
             b"0\r\nno colon\r\n\r\n",
             b"0\r\nX: a\rb\r\n\r\n",
+            b"5;a=\nb\r\nhello\r\n",
+            b"5\n",
         ] {
             let mut chunks = Rechunker::default();
             assert_eq!(
