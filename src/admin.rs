@@ -75,9 +75,21 @@ pub fn router(state: AdminState) -> Router {
     )))
 }
 
-/// Alive as long as the process answers.
-async fn healthz() -> &'static str {
-    "ok\n"
+/// Alive as long as the process answers and, with a driver, polls: a
+/// poll scheduler that ended outside shutdown (a bug) would leave every
+/// answer frozen at its last reading, and only a restart brings it back.
+async fn healthz(State(state): State<AdminState>) -> (StatusCode, &'static str) {
+    liveness(state.driver.as_ref(), state.shutdown.is_cancelled())
+}
+
+fn liveness(driver: Option<&Driver>, shutting_down: bool) -> (StatusCode, &'static str) {
+    match driver {
+        Some(driver) if !driver.polling() && !shutting_down => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not alive: the poll scheduler stopped; no source is polled (restart hoist)\n",
+        ),
+        _ => (StatusCode::OK, "ok\n"),
+    }
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
@@ -131,5 +143,41 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
             "cannot encode metrics\n".to_string(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::DriverSettings;
+    use crate::trigger::Defaults;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn healthz_fails_once_the_poll_scheduler_has_stopped_outside_shutdown() {
+        let driver = Driver::new(
+            DriverSettings::unlimited(
+                Defaults {
+                    polling_interval: Duration::from_secs(30),
+                    timeout: Duration::from_secs(3),
+                },
+                Duration::from_secs(300),
+            ),
+            Default::default(),
+            Arc::new(crate::metrics::Metrics::new()),
+            tokio_util::sync::CancellationToken::new(),
+        );
+        assert_eq!(liveness(Some(&driver), false).0, StatusCode::OK);
+        driver.kill_scheduler();
+        tokio::time::timeout(Duration::from_secs(5), driver.polling_ended())
+            .await
+            .expect("the scheduler's end is seen");
+        assert_eq!(
+            liveness(Some(&driver), false).0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        // At shutdown the scheduler ends on purpose.
+        assert_eq!(liveness(Some(&driver), true).0, StatusCode::OK);
+        assert_eq!(liveness(None, false).0, StatusCode::OK, "hoist interceptor");
     }
 }

@@ -264,6 +264,11 @@ impl Server {
         health
             .set_serving::<ExternalScalerServer<ScalerService>>()
             .await;
+        tokio::spawn(report_stopped_polling(
+            driver.clone(),
+            health.clone(),
+            cancel.clone(),
+        ));
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -540,6 +545,31 @@ async fn drain(settings: &Settings) {
             "termination signal: serving on while endpoints are removed"
         );
         tokio::time::sleep(delay).await;
+    }
+}
+
+/// A poll scheduler that ends outside shutdown (a panic: a bug) leaves
+/// every answer frozen at its last reading: the gRPC health check (the
+/// scaler's liveness probe in the manifests and chart) then says
+/// NOT_SERVING, so the kubelet restarts hoist.
+async fn report_stopped_polling(
+    driver: Driver,
+    health: tonic_health::server::HealthReporter,
+    cancel: CancellationToken,
+) {
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        () = driver.polling_ended() => {
+            if cancel.is_cancelled() {
+                return;
+            }
+            tracing::error!(
+                "the poll scheduler stopped: no source is polled any more; health checks now fail so that hoist is restarted"
+            );
+            health
+                .set_not_serving::<ExternalScalerServer<ScalerService>>()
+                .await;
+        }
     }
 }
 

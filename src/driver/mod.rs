@@ -810,6 +810,23 @@ impl Driver {
     }
 
     /// The routes ScaledObjects declared, when this hoist has an interceptor.
+    /// Whether sources are still polled: false once the poll scheduler has
+    /// ended, at shutdown or through a bug (a panic in it). Nothing brings
+    /// it back but a restart, so health checks say so.
+    pub fn polling(&self) -> bool {
+        self.inner.scheduler.running()
+    }
+
+    /// Resolves when the poll scheduler has ended.
+    pub async fn polling_ended(&self) {
+        self.inner.scheduler.ended().await;
+    }
+
+    #[cfg(test)]
+    pub(crate) fn kill_scheduler(&self) {
+        self.inner.scheduler.kill();
+    }
+
     pub fn routes(&self) -> Option<Arc<Registry>> {
         self.inner.routes.clone()
     }

@@ -42,6 +42,9 @@ pub struct Scheduler(Arc<SchedulerParts>);
 
 struct SchedulerParts {
     commands: mpsc::UnboundedSender<Command>,
+    /// The scheduler task, for tests that stop it as a panic would.
+    #[cfg_attr(not(test), allow(dead_code))]
+    task: tokio::task::AbortHandle,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 }
@@ -63,12 +66,30 @@ impl Scheduler {
     /// Starts the scheduler task; it and every poll end with `cancel`.
     pub fn start(metrics: Arc<Metrics>, cancel: CancellationToken) -> Self {
         let (commands, received) = mpsc::unbounded_channel();
-        tokio::spawn(run(received, cancel.clone()));
+        let task = tokio::spawn(run(received, cancel.clone())).abort_handle();
         Self(Arc::new(SchedulerParts {
             commands,
+            task,
             metrics,
             cancel,
         }))
+    }
+
+    /// Whether the scheduler task still runs. It ends at shutdown, or if
+    /// it panicked (a bug): then no source is polled any more.
+    pub fn running(&self) -> bool {
+        !self.0.commands.is_closed()
+    }
+
+    /// Resolves when the scheduler task has ended.
+    pub async fn ended(&self) {
+        self.0.commands.closed().await;
+    }
+
+    /// Stops the task as a panic in it would.
+    #[cfg(test)]
+    pub fn kill(&self) {
+        self.0.task.abort();
     }
 
     fn send(&self, command: Command) {
@@ -451,7 +472,7 @@ impl Poller {
     /// Whether the scheduler has ended (only at shutdown, or if it
     /// panicked); a dead poller must be replaced, not joined.
     pub fn is_dead(&self) -> bool {
-        self.shared.scheduler.0.commands.is_closed()
+        !self.shared.scheduler.running()
     }
 
     pub fn stop(&self, metrics: &Metrics) {
