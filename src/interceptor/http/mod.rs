@@ -837,7 +837,7 @@ fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
 fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
     // Most messages carry none of them: one pass over the few names the
     // message has (comparisons, no hashing), nothing to remove.
-    if upgrade.is_none() && !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    if upgrade.is_none() && !headers.keys().any(|name| is_hop_by_hop(name.as_str())) {
         return;
     }
     let named: Vec<HeaderName> = headers
@@ -863,6 +863,14 @@ fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, protocol.clone());
     }
+}
+
+/// Whether a field, named in any case, is one of `HOP_BY_HOP` (a
+/// comparison per name, no hashing: both paths ask it of every field).
+fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|hop| hop.as_str().eq_ignore_ascii_case(name))
 }
 
 const HOP_BY_HOP: [HeaderName; 8] = [

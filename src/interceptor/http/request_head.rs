@@ -13,6 +13,8 @@
 
 use std::mem::MaybeUninit;
 
+use super::strip_port;
+
 /// Header fields read per message, at most (hyper's default too).
 pub const MAX_HEADERS: usize = 100;
 
@@ -193,7 +195,7 @@ fn classify(name: &str) -> Class {
 }
 
 /// A `Content-Length` value: digits only, no sign, no list, no overflow.
-fn digits(value: &[u8]) -> Option<u64> {
+pub(super) fn digits(value: &[u8]) -> Option<u64> {
     if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
         return None;
     }
@@ -232,15 +234,6 @@ fn plain_target_byte(byte: u8) -> bool {
 /// A host name, an IPv4 address or a bracketed IPv6 one, with a port.
 fn plain_host_byte(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b':' | b'[' | b']')
-}
-
-fn strip_port(authority: &str) -> &str {
-    if authority.starts_with('[') {
-        return authority.split_inclusive(']').next().unwrap_or(authority);
-    }
-    authority
-        .rsplit_once(':')
-        .map_or(authority, |(host, _)| host)
 }
 
 /// The client end's forwarding headers, as written upstream.

@@ -13,7 +13,8 @@
 use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::request_head::{MAX_HEADERS, field_line};
+use super::is_hop_by_hop;
+use super::request_head::{MAX_HEADERS, digits, field_line};
 
 /// How the body of a response ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +123,7 @@ fn final_or_interim(
     for field in fields {
         let name = field.name;
         if name.eq_ignore_ascii_case("content-length") {
-            let Some(value) = digits(field.value) else {
+            let Some(value) = digits(field.value.trim_ascii()) else {
                 return ResponseReading::Bad("the app sent an invalid Content-Length");
             };
             if content_length.is_some_and(|known| known != value) {
@@ -211,29 +212,6 @@ fn final_or_interim(
         reusable,
         close_client,
     })
-}
-
-/// Hop-by-hop fields (RFC 9110 §7.6.1), which end at this hop.
-fn is_hop_by_hop(name: &str) -> bool {
-    let is = |known: &str| name.eq_ignore_ascii_case(known);
-    match name.len() {
-        2 => is("te"),
-        7 => is("upgrade"),
-        10 => is("connection") || is("keep-alive"),
-        16 => is("proxy-connection"),
-        17 => is("transfer-encoding"),
-        18 => is("proxy-authenticate"),
-        19 => is("proxy-authorization"),
-        _ => false,
-    }
-}
-
-fn digits(value: &[u8]) -> Option<u64> {
-    let value = value.trim_ascii();
-    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(value).ok()?.parse().ok()
 }
 
 /// A `Date` field for responses that came without one (RFC 9110 §6.6.1),
