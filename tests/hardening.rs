@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use hoist::config::{HttpRouteSettings, Settings};
+use hoist::config::Settings;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -23,7 +23,7 @@ use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
-use support::web::AppPort;
+use support::web::{AppPort, http_route, proxying};
 use support::{Hoist, RedisServer, eventually, object};
 
 /// How long a test waits for what should happen within a second or so.
@@ -61,28 +61,9 @@ async fn upstream() -> SocketAddr {
     addr
 }
 
-fn route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSettings {
-    HttpRouteSettings {
-        name: name.into(),
-        host: host.into(),
-        path_prefix: None,
-        upstream: upstream.to_string(),
-        upstream_http2: false,
-        cold_start_timeout: None,
-        response_timeout: None,
-    }
-}
-
 /// One route, `web.test`, to `upstream`.
 fn web_to(upstream: SocketAddr) -> Settings {
-    with_routes(vec![route("web", "web.test", upstream)])
-}
-
-fn with_routes(routes: Vec<HttpRouteSettings>) -> Settings {
-    let mut settings = Settings::default();
-    settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
-    settings.interceptor.http_routes = routes;
-    settings
+    proxying(vec![http_route("web", "web.test", upstream)])
 }
 
 /// Writes `request` and reads until the server closes: the whole answer.
@@ -329,9 +310,9 @@ async fn exchange_from(ip: [u8; 4], proxy: SocketAddr) -> String {
 async fn hosts_follow_rfc_9112() {
     let web = upstream().await;
     let other = upstream().await;
-    let hoist = Hoist::start_with(with_routes(vec![
-        route("web", "web.test", web),
-        route("other", "other.test", other),
+    let hoist = Hoist::start_with(proxying(vec![
+        http_route("web", "web.test", web),
+        http_route("other", "other.test", other),
     ]))
     .await;
     let proxy = hoist.http_proxy.unwrap();
@@ -374,9 +355,9 @@ async fn shutdown_answers_held_requests_at_once_and_admin_says_not_ready() {
     });
     let cold = AppPort::reserve(); // never comes up
     let cold_addr = cold.addr;
-    let mut settings = with_routes(vec![
-        route("hung", "hung.test", hung_addr),
-        route("cold", "cold.test", cold_addr),
+    let mut settings = proxying(vec![
+        http_route("hung", "hung.test", hung_addr),
+        http_route("cold", "cold.test", cold_addr),
     ]);
     settings.shutdown.grace = Some(Duration::from_secs(3));
     let hoist = Hoist::start_with(settings).await;

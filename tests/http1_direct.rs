@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hoist::config::{HttpRouteSettings, Settings};
+use hoist::config::Settings;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -21,24 +21,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use hoist::interceptor::report::RoutesReport;
-use support::web::{Upstream, full};
+use support::web::{Upstream, full, http_route, proxying};
 use support::{Hoist, eventually};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
 fn proxying_to(upstream: SocketAddr) -> Settings {
-    let mut settings = Settings::default();
-    settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
-    settings.interceptor.http_routes = vec![HttpRouteSettings {
-        name: "web".into(),
-        host: "web.test".into(),
-        path_prefix: None,
-        upstream: upstream.to_string(),
-        upstream_http2: false,
-        cold_start_timeout: None,
-        response_timeout: None,
-    }];
-    settings
+    proxying(vec![http_route("web", "web.test", upstream)])
 }
 
 /// What a scripted app does with one request.
@@ -211,6 +200,14 @@ fn status(head: &str) -> u16 {
     head.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
+/// A scripted app behind hoist, and a client connected to hoist.
+async fn through_hoist(script: &[Reply]) -> (ScriptedApp, Hoist, TcpStream, Reader) {
+    let app = ScriptedApp::start(script).await;
+    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
+    let client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    (app, hoist, client, Reader::default())
+}
+
 const GET: &str = "GET /a HTTP/1.1\r\nHost: web.test\r\n\r\n";
 
 /// Connections handed to hyper, by reason, from `/metrics`.
@@ -232,10 +229,7 @@ async fn handed_to_hyper(hoist: &Hoist) -> Vec<(String, u64)> {
 
 #[tokio::test]
 async fn plain_requests_share_one_app_connection_and_get_a_date() {
-    let app = ScriptedApp::start(&[]).await;
-    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
-    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
-    let mut reader = Reader::default();
+    let (app, hoist, mut client, mut reader) = through_hoist(&[]).await;
     for _ in 0..3 {
         client.write_all(GET.as_bytes()).await.unwrap();
         let (head, body) = reader.response(&mut client, false).await;
@@ -275,14 +269,11 @@ async fn pipelined_requests_are_answered_in_order() {
 
 #[tokio::test]
 async fn chunked_responses_are_framed_again_without_extensions_or_trailers() {
-    let app = ScriptedApp::start(&[Reply::Send(
+    let (app, hoist, mut client, mut reader) = through_hoist(&[Reply::Send(
         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
          5;name=value\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: secret\r\n\r\n",
     )])
     .await;
-    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
-    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
-    let mut reader = Reader::default();
     client.write_all(GET.as_bytes()).await.unwrap();
     let (head, body) = reader.response(&mut client, false).await;
     assert_eq!(
@@ -318,14 +309,11 @@ async fn responses_to_head_have_no_body_and_keep_both_connections() {
 
 #[tokio::test]
 async fn interim_responses_stay_behind() {
-    let app = ScriptedApp::start(&[Reply::Send(
+    let (_app, hoist, mut client, mut reader) = through_hoist(&[Reply::Send(
         "HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n\
          HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal",
     )])
     .await;
-    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
-    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
-    let mut reader = Reader::default();
     client.write_all(GET.as_bytes()).await.unwrap();
     let (head, body) = reader.response(&mut client, false).await;
     assert_eq!((status(&head), body.as_str()), (200, "final"), "{head}");
@@ -354,10 +342,7 @@ async fn an_apps_doubtful_framing_is_a_502_and_its_connection_is_not_used_again(
         "HTTP/1.1 200 OK\r\nContent-Length: 0x2\r\n\r\nab",
         "HTTP/1.1 200 OK\r\nBad Name: x\r\nContent-Length: 2\r\n\r\nab",
     ] {
-        let app = ScriptedApp::start(&[Reply::Send(doubtful)]).await;
-        let hoist = Hoist::start_with(proxying_to(app.addr)).await;
-        let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
-        let mut reader = Reader::default();
+        let (app, hoist, mut client, mut reader) = through_hoist(&[Reply::Send(doubtful)]).await;
         client.write_all(GET.as_bytes()).await.unwrap();
         let (head, body) = reader.response(&mut client, false).await;
         assert_eq!(status(&head), 502, "{doubtful}: {head}{body}");
@@ -371,13 +356,10 @@ async fn an_apps_doubtful_framing_is_a_502_and_its_connection_is_not_used_again(
 
 #[tokio::test]
 async fn a_broken_chunked_body_closes_the_clients_connection() {
-    let app = ScriptedApp::start(&[Reply::Send(
+    let (_app, hoist, mut client, mut reader) = through_hoist(&[Reply::Send(
         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX",
     )])
     .await;
-    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
-    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
-    let mut reader = Reader::default();
     client.write_all(GET.as_bytes()).await.unwrap();
     let head = reader.head(&mut client).await.expect("the head went out");
     assert_eq!(status(&head), 200);
@@ -393,10 +375,7 @@ async fn a_broken_chunked_body_closes_the_clients_connection() {
 async fn a_reused_connection_the_app_dropped_is_retried_for_idempotent_requests_only() {
     // The app answers once, then reads the next request and closes: the
     // race of an app's keep-alive timeout.
-    let app = ScriptedApp::start(&[OK, Reply::Close]).await;
-    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
-    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
-    let mut reader = Reader::default();
+    let (app, hoist, mut client, mut reader) = through_hoist(&[OK, Reply::Close]).await;
     for _ in 0..2 {
         client.write_all(GET.as_bytes()).await.unwrap();
         assert_eq!(reader.response(&mut client, false).await.1, "ok");
@@ -405,10 +384,7 @@ async fn a_reused_connection_the_app_dropped_is_retried_for_idempotent_requests_
     assert_eq!(app.connections(), 2);
     hoist.stop().await.unwrap();
 
-    let app = ScriptedApp::start(&[OK, Reply::Close]).await;
-    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
-    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
-    let mut reader = Reader::default();
+    let (app, hoist, mut client, mut reader) = through_hoist(&[OK, Reply::Close]).await;
     client.write_all(GET.as_bytes()).await.unwrap();
     assert_eq!(reader.response(&mut client, false).await.1, "ok");
     client
@@ -637,13 +613,10 @@ async fn a_client_that_leaves_before_or_during_the_answer_is_let_go() {
 
 #[tokio::test]
 async fn hoists_own_answer_to_head_has_no_body() {
-    let app = ScriptedApp::start(&[Reply::Send(
+    let (_app, hoist, mut client, mut reader) = through_hoist(&[Reply::Send(
         "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
     )])
     .await;
-    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
-    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
-    let mut reader = Reader::default();
     client
         .write_all(format!("HEAD /a HTTP/1.1\r\nHost: web.test\r\n\r\n{GET}").as_bytes())
         .await
@@ -658,13 +631,10 @@ async fn hoists_own_answer_to_head_has_no_body() {
 
 #[tokio::test]
 async fn an_apps_connection_option_cannot_take_the_length_away() {
-    let app = ScriptedApp::start(&[Reply::Send(
+    let (_app, hoist, mut client, mut reader) = through_hoist(&[Reply::Send(
         "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: Content-Length\r\n\r\nhello",
     )])
     .await;
-    let hoist = Hoist::start_with(proxying_to(app.addr)).await;
-    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
-    let mut reader = Reader::default();
     client
         .write_all(format!("{GET}{GET}").as_bytes())
         .await

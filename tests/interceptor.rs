@@ -24,24 +24,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use support::web::{
-    AppPort, Upstream, echo, full, h2c_client, http1_client, read_head, send, send_h2,
+    AppPort, Upstream, echo, full, h2c_client, http_route, http1_client, read_head, send, send_h2,
 };
 use support::{Hoist, eventually, object};
 
 /// How long a test waits for what should happen within milliseconds.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-fn http_route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSettings {
-    HttpRouteSettings {
-        name: name.into(),
-        host: host.into(),
-        path_prefix: None,
-        upstream: upstream.to_string(),
-        upstream_http2: false,
-        cold_start_timeout: None,
-        response_timeout: None,
-    }
-}
 
 fn with_routes(http: Vec<HttpRouteSettings>, tcp: Vec<TcpRouteSettings>) -> Settings {
     let mut settings = Settings::default();

@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use hoist::config::Settings;
 use hoist::config::{ClientTlsSettings, TlsSettings};
-use hoist::config::{HttpRouteSettings, Settings};
 use hoist::proto::ScaledObjectRef;
 use support::certs::{Authority, write};
 use support::{Hoist, eventually, object};
@@ -56,15 +56,8 @@ impl Cluster {
             reload_every: Duration::from_secs(10),
         });
         settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
-        settings.interceptor.http_routes = vec![HttpRouteSettings {
-            name: "web".into(),
-            host: "web.test".into(),
-            path_prefix: None,
-            upstream: upstream.to_string(),
-            upstream_http2: false,
-            cold_start_timeout: None,
-            response_timeout: None,
-        }];
+        settings.interceptor.http_routes =
+            vec![support::web::http_route("web", "web.test", upstream)];
         Hoist::start_interceptor(settings).await
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
+use hoist::config::{HttpRouteSettings, Settings};
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -18,6 +19,28 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
 pub type Body = BoxBody<Bytes, Infallible>;
+
+/// An HTTP route of the config file: `host` to `upstream`, HTTP/1.1,
+/// every other setting at its default.
+pub fn http_route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSettings {
+    HttpRouteSettings {
+        name: name.into(),
+        host: host.into(),
+        path_prefix: None,
+        upstream: upstream.to_string(),
+        upstream_http2: false,
+        cold_start_timeout: None,
+        response_timeout: None,
+    }
+}
+
+/// hoist with an interceptor on a free port serving `routes`.
+pub fn proxying(routes: Vec<HttpRouteSettings>) -> Settings {
+    let mut settings = Settings::default();
+    settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
+    settings.interceptor.http_routes = routes;
+    settings
+}
 
 pub fn full(text: impl Into<Bytes>) -> Body {
     Full::new(text.into()).boxed()
