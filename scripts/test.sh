@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what the suite needs on a fresh machine
 # (build tools for librdkafka, redis-server and redis-cli, buildah and
-# promtool from Debian, kubernetes-validate from PyPI, and helm, when
-# missing), then runs every test. Tests start their own redis-server
+# promtool from Debian, kubernetes-validate from PyPI, helm and kubectl,
+# and the real Kubernetes control plane with KEDA built from their Go
+# modules, when missing), then runs every test. Tests start their own redis-server
 # processes on free ports and Kafka's mock cluster in-process; nothing
 # needs to be running beforehand. HOIST_TEST_KAFKA_BOOTSTRAP=host:port
 # adds a run against a real Kafka broker.
@@ -16,6 +17,13 @@ scripts/deps.sh redis-server redis-tools procps
 # scripts/layer-tool.sh.
 scripts/layer-tool.sh helm
 scripts/layer-tool.sh kubectl
+# For tests/controlplane.rs: the real control plane (etcd, kube-apiserver,
+# kube-controller-manager, KEDA's operator and adapter), built here from
+# their Go modules (tools/kubernetes, tools/keda) by scripts/controlplane.sh;
+# openssl makes its certificates, curl and python3 check and pick ports.
+scripts/deps.sh openssl curl
+command -v go >/dev/null 2>&1 || scripts/deps.sh golang-go
+scripts/controlplane.sh build
 # For tests/validate.rs: buildah (builds the image, scripts/image.sh) and
 # promtool (checks the alert rules) from Debian, kubernetes-validate
 # (Kubernetes' schemas) from PyPI, the PrometheusRule schema from npm.

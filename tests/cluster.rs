@@ -27,17 +27,6 @@ async fn hoist_reading(api: &FakeApi) -> Hoist {
     Hoist::start_with(settings).await
 }
 
-/// A list of `length` jobs.
-fn fill(redis: &RedisServer, list: &str, length: usize) {
-    redis.command(&["DEL", list]);
-    let values: Vec<String> = (0..length).map(|i| i.to_string()).collect();
-    if length > 0 {
-        let mut push = vec!["RPUSH", list];
-        push.extend(values.iter().map(String::as_str));
-        redis.command(&push);
-    }
-}
-
 /// An engine-mode Redis trigger of `namespace/name` (target 5 per replica).
 fn engine_trigger(
     namespace: &str,
@@ -121,7 +110,7 @@ struct World {
 
 async fn world(jobs: usize, keda_max: u32, running: i64, extra: &[(&str, &str)]) -> World {
     let redis = RedisServer::start();
-    fill(&redis, "worker", jobs);
+    redis.fill("worker", jobs);
     let api = FakeApi::start().await;
     let worker = engine_trigger("orders", "worker", &redis, extra);
     api.put_scaled_object(
@@ -197,7 +186,7 @@ async fn the_engine_steps_from_the_count_the_hpa_holds_and_posts_its_rescales() 
 
     // Load quadruples: ACA's step-up doubles what runs (11 → 22), not a
     // count the engine imagined.
-    fill(&redis, "worker", 200);
+    redis.fill("worker", 200);
     replicas_become(&hoist, &worker, 22.0).await;
     eventually(LIMIT, "a rescale Event", || async {
         api.events().iter().any(|event| {
@@ -263,7 +252,7 @@ async fn a_manual_scale_is_where_the_next_step_starts() {
 
     // `kubectl scale --replicas 6`, then a burst: 2 × 6, not 2 × 3.
     api.set_scale("deployments", "orders", "worker", 6, 6);
-    fill(&redis, "worker", 200);
+    redis.fill("worker", 200);
     replicas_become(&hoist, &worker, 12.0).await;
 }
 
@@ -328,8 +317,8 @@ async fn an_edited_target_is_followed_at_once_and_its_outside_scales_too() {
 #[tokio::test]
 async fn statefulsets_and_custom_resources_are_counted_through_their_scale() {
     let redis = RedisServer::start();
-    fill(&redis, "db", 25);
-    fill(&redis, "widget", 35);
+    redis.fill("db", 25);
+    redis.fill("widget", 35);
     let api = FakeApi::start().await;
     let db = engine_trigger("orders", "db", &redis, &[]);
     let widget = engine_trigger("orders", "widget", &redis, &[]);
@@ -416,7 +405,7 @@ async fn with_the_api_down_the_last_count_serves_one_interval_then_unavailable()
 #[tokio::test]
 async fn refused_by_rbac_the_status_says_what_to_grant() {
     let redis = RedisServer::start();
-    fill(&redis, "worker", 20);
+    redis.fill("worker", 20);
     let api = FakeApi::start().await;
     let worker = engine_trigger("orders", "worker", &redis, &[]);
     api.put_scaled_object(
@@ -446,7 +435,7 @@ async fn refused_by_rbac_the_status_says_what_to_grant() {
 #[tokio::test]
 async fn a_forbidden_scaledobject_watch_is_shown_and_nothing_is_guessed() {
     let redis = RedisServer::start();
-    fill(&redis, "worker", 20);
+    redis.fill("worker", 20);
     let api = FakeApi::start().await;
     api.forbid_list(true);
     let hoist = hoist_reading(&api).await;
@@ -468,8 +457,8 @@ async fn a_forbidden_scaledobject_watch_is_shown_and_nothing_is_guessed() {
 #[tokio::test]
 async fn the_scaledobjects_own_settings_are_the_engines_defaults() {
     let redis = RedisServer::start();
-    fill(&redis, "worker", 100); // wants 20
-    fill(&redis, "feeder", 3);
+    redis.fill("worker", 100); // wants 20
+    redis.fill("feeder", 3);
     // No rule keys and no pollingInterval in the metadata.
     let mut worker = engine_trigger("orders", "worker", &redis, &[]);
     worker.scaler_metadata.remove("pollingInterval");

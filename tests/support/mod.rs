@@ -167,6 +167,17 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// Makes `list` hold `length` jobs (and nothing else).
+    pub fn fill(&self, list: &str, length: usize) {
+        self.command(&["DEL", list]);
+        if length > 0 {
+            let values: Vec<String> = (0..length).map(|i| i.to_string()).collect();
+            let mut push = vec!["RPUSH", list];
+            push.extend(values.iter().map(String::as_str));
+            self.command(&push);
+        }
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -390,8 +401,11 @@ impl Hoist {
     }
 
     async fn start_serving(mut settings: Settings, reload: Option<ConfigSource>) -> Self {
-        settings.grpc.listen = "127.0.0.1:0".parse().unwrap();
-        // Loopback on a free port, unless the test chose an address.
+        // Loopback on a free port, unless the test chose an address (a
+        // hoist restarted where KEDA knows it).
+        if settings.grpc.listen == Settings::default().grpc.listen {
+            settings.grpc.listen = "127.0.0.1:0".parse().unwrap();
+        }
         if settings.admin.listen == Settings::default().admin.listen {
             settings.admin.listen = "127.0.0.1:0".parse().unwrap();
         }
@@ -529,11 +543,16 @@ impl Drop for Hoist {
 
 /// A minimal HTTP/1.0 GET: status code and body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_get_with(addr, path, "").await
+}
+
+/// [`http_get`] with more header lines (each ending in CRLF).
+pub async fn http_get_with(addr: SocketAddr, path: &str, headers: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .expect("admin port answers");
     stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: hoist\r\n\r\n").as_bytes())
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: hoist\r\n{headers}\r\n").as_bytes())
         .await
         .unwrap();
     let mut response = String::new();

@@ -1,0 +1,644 @@
+//! hoist called by the real KEDA: a real kube-apiserver and etcd, the real
+//! HPA controller (kube-controller-manager) and KEDA's real operator and
+//! metrics adapter, built from their Go modules and started on loopback by
+//! `scripts/controlplane.sh` (see `support/controlplane.rs`). hoist runs in
+//! this process as the Helm chart's ServiceAccount, with the chart's RBAC
+//! and nothing more; Redis is a real `redis-server`. KEDA polls every
+//! second or two and the HPA syncs every second, so each scenario takes
+//! seconds; every wait is bounded and asserts the replica trajectory the
+//! Deployment went through, not just where it ended. No kubelet: pods
+//! stay Pending, which the HPA's external-metric arithmetic does not mind.
+
+#[path = "support/controlplane.rs"]
+mod controlplane;
+mod support;
+
+use std::time::Duration;
+
+use controlplane::{ControlPlane, control_plane, trajectory, visits};
+use hoist::config::Settings;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use kube::Api;
+use support::{Hoist, RedisServer, free_port};
+
+/// Scenarios that stop parts of the control plane take this alone; every
+/// other scenario shares it (they run at once, each in its own namespace).
+static DISRUPTION: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Long enough for KEDA's first reconcile, an HPA sync and a poll, with
+/// room for a loaded 2-core machine.
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// A Deployment `name` at `replicas` (its pods never run: no kubelet).
+fn deployment(namespace: &str, name: &str, replicas: i32) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      containers: [{{name: app, image: registry.invalid/{name}:1}}]
+"#
+    )
+}
+
+/// hoist as the chart's ServiceAccount, on `grpc` (a port KEDA is told),
+/// its admin port on a free one.
+async fn hoist_in(plane: &ControlPlane, grpc: u16, tune: impl FnOnce(&mut Settings)) -> Hoist {
+    let mut settings = Settings::default();
+    settings.grpc.listen = format!("127.0.0.1:{grpc}").parse().unwrap();
+    settings.kubernetes.kubeconfig = Some(plane.hoist_kubeconfig.clone());
+    tune(&mut settings);
+    Hoist::start_with(settings).await
+}
+
+/// The replicas a Deployment asks for (`spec.replicas`, what KEDA and the
+/// HPA write).
+async fn replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
+    deployments
+        .get(name)
+        .await
+        .ok()
+        .and_then(|deployment| deployment.spec?.replicas)
+}
+
+/// One scenario's world: a namespace of its own with a Deployment
+/// `worker` at 0, a Redis, and hoist (as the chart's ServiceAccount) on a
+/// port KEDA is told.
+struct Scene {
+    namespace: String,
+    redis: RedisServer,
+    grpc: u16,
+    hoist: Hoist,
+    client: kube::Client,
+    deployments: Api<Deployment>,
+}
+
+impl Scene {
+    async fn start(
+        plane: &ControlPlane,
+        namespace: &str,
+        redis: RedisServer,
+        tune: impl FnOnce(&mut Settings),
+    ) -> Self {
+        let namespace = plane.namespace(namespace);
+        let grpc = free_port();
+        let hoist = hoist_in(plane, grpc, tune).await;
+        plane.apply(&deployment(&namespace, "worker", 0));
+        let client = plane.client().await;
+        let deployments = Api::namespaced(client.clone(), &namespace);
+        Self {
+            namespace,
+            redis,
+            grpc,
+            hoist,
+            client,
+            deployments,
+        }
+    }
+
+    /// The worker's `spec.replicas` (what KEDA and the HPA write).
+    async fn replicas(&self) -> Option<i32> {
+        replicas(&self.deployments, "worker").await
+    }
+
+    /// The worker's replicas as they change, until `done` holds for them.
+    async fn until(&self, what: &str, done: impl Fn(&[i32]) -> bool) -> Vec<i32> {
+        trajectory(LIMIT, what, || self.replicas(), done).await
+    }
+
+    /// Until the worker asks for `replicas`.
+    async fn reaches(&self, replicas: i32) -> Vec<i32> {
+        self.until(&format!("{replicas} replicas"), |seen| {
+            seen.last() == Some(&replicas)
+        })
+        .await
+    }
+
+    /// Every value the worker's replicas took over `how_long` from `start`.
+    async fn holds(&self, start: i32, how_long: Duration) -> Vec<i32> {
+        let mut seen = vec![start];
+        let until = std::time::Instant::now() + how_long;
+        while std::time::Instant::now() < until {
+            if let Some(now) = self.replicas().await
+                && seen.last() != Some(&now)
+            {
+                seen.push(now);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        seen
+    }
+
+    /// hoist stopped and started again where KEDA knows it.
+    async fn restart_hoist(self, plane: &ControlPlane, tune: impl FnOnce(&mut Settings)) -> Self {
+        self.hoist.stop().await.unwrap();
+        Self {
+            hoist: hoist_in(plane, self.grpc, tune).await,
+            ..self
+        }
+    }
+}
+
+/// KEDA's intervals for a passthrough ScaledObject, in seconds.
+struct Polling {
+    every: u32,
+    cooldown: u32,
+    max: u32,
+}
+
+/// A passthrough ScaledObject for the scene's worker on its Redis list
+/// `jobs` (5 jobs per replica, hoist polling every second), with a trigger
+/// of `kind` (`external` or `external-push`) and its own
+/// TriggerAuthentication when named.
+fn redis_scaled_object(
+    scene: &Scene,
+    polling: Polling,
+    kind: &str,
+    authentication: Option<&str>,
+) -> String {
+    let authentication = authentication
+        .map(|name| format!("    authenticationRef: {{name: {name}}}\n"))
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: worker, namespace: {namespace}}}
+spec:
+  scaleTargetRef: {{name: worker}}
+  pollingInterval: {every}
+  cooldownPeriod: {cooldown}
+  minReplicaCount: 0
+  maxReplicaCount: {max}
+  triggers:
+  - type: {kind}
+{authentication}    metadata:
+      scalerAddress: 127.0.0.1:{grpc}
+      scaler: redis
+      address: {address}
+      listName: jobs
+      listLength: "5"
+      pollingInterval: "1"
+"#,
+        namespace = scene.namespace,
+        every = polling.every,
+        cooldown = polling.cooldown,
+        max = polling.max,
+        grpc = scene.grpc,
+        address = scene.redis.address()
+    )
+}
+
+/// Fails with the names of the API calls RBAC refused hoist, if any.
+fn assert_hoist_never_forbidden(plane: &ControlPlane) {
+    let forbidden = plane.hoist_forbidden();
+    assert!(
+        forbidden.is_empty(),
+        "hoist needed calls the chart's RBAC does not grant: {forbidden:?}"
+    );
+}
+
+/// Passthrough: KEDA creates the HPA from hoist's GetMetricSpec, activates
+/// the Deployment 0 → 1 from IsActive, the HPA scales it to the list's
+/// length / 5 from GetMetrics through KEDA's adapter, and KEDA takes it
+/// back to 0 after its cooldown once the list is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keda_and_the_hpa_scale_a_redis_worker_from_hoists_answers() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let scene = Scene::start(plane, "passthrough", RedisServer::start(), |_| {}).await;
+    let (namespace, redis) = (&scene.namespace, &scene.redis);
+    plane.apply(&redis_scaled_object(
+        &scene,
+        Polling {
+            every: 1,
+            cooldown: 8,
+            max: 10,
+        },
+        "external",
+        None,
+    ));
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(scene.client.clone(), namespace);
+
+    // KEDA made the HPA from hoist's metric spec (its `s0-` prefix on
+    // hoist's metric name, AverageValue 5).
+    let hpa = {
+        let deadline = std::time::Instant::now() + LIMIT;
+        loop {
+            if let Ok(hpa) = hpas.get("keda-hpa-worker").await {
+                break hpa;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "KEDA made no HPA:\n{}",
+                plane.log_tail("keda-operator", 30)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let metric = &hpa.spec.unwrap().metrics.unwrap()[0];
+    let external = metric.external.as_ref().expect("an External metric");
+    assert!(
+        external.metric.name.starts_with("s0-"),
+        "KEDA's index prefix: {}",
+        external.metric.name
+    );
+    assert_eq!(
+        external.target.average_value.as_ref().map(|q| q.0.as_str()),
+        Some("5")
+    );
+
+    redis.fill("jobs", 20);
+    let seen = scene.reaches(4).await;
+    assert!(visits(&seen, &[0, 1, 4]), "replicas went {seen:?}");
+
+    redis.fill("jobs", 0);
+    let seen = scene
+        .until("back to 0 after KEDA's cooldown", |seen| {
+            seen.last() == Some(&0)
+        })
+        .await;
+    assert_eq!(seen, vec![4, 0], "straight from 4 to 0 after the cooldown");
+
+    assert_hoist_never_forbidden(plane);
+    scene.hoist.stop().await.unwrap();
+}
+
+/// `external-push`: KEDA holds a StreamIsActive stream; a push scales
+/// 0 → 1 without waiting for a poll (the ScaledObject polls once a
+/// minute), and after hoist restarts on the same port KEDA's stream comes
+/// back and the next push is heard too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_through_stream_is_active_scales_from_zero_and_survives_a_restart() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let scene = Scene::start(plane, "push", RedisServer::start(), |_| {}).await;
+    let redis = &scene.redis;
+    plane.apply(&redis_scaled_object(
+        &scene,
+        Polling {
+            every: 60,
+            cooldown: 5,
+            max: 3,
+        },
+        "external-push",
+        None,
+    ));
+    // KEDA has opened its stream once hoist has seen the ScaledObject's
+    // trigger; give its first poll time to pass with an empty list.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(scene.replicas().await, Some(0));
+
+    redis.fill("jobs", 3);
+    let started = std::time::Instant::now();
+    let seen = scene.reaches(1).await;
+    assert_eq!(seen, vec![0, 1]);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the push, not KEDA's 60 s poll, activated it"
+    );
+
+    // Back to zero once the list is empty, then hoist restarts while KEDA
+    // holds the stream.
+    redis.fill("jobs", 0);
+    scene.reaches(0).await;
+    let scene = scene.restart_hoist(plane, |_| {}).await;
+    let redis = &scene.redis;
+    // KEDA reconnects (2 s backoff, doubling) and hoist pushes again.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    redis.fill("jobs", 3);
+    let seen = scene
+        .until("0 → 1 from a push after hoist's restart", |seen| {
+            seen.last() == Some(&1)
+        })
+        .await;
+    assert_eq!(seen, vec![0, 1]);
+    assert_hoist_never_forbidden(plane);
+    scene.hoist.stop().await.unwrap();
+}
+
+/// The README's recommended engine-mode ScaledObject on a Redis list (5
+/// jobs per replica, the engine's cooldown 10 s), KEDA polling every 2 s,
+/// the HPA's policies with a 1 s period (see the test below).
+fn engine_scaled_object(namespace: &str, grpc: u16, redis: &RedisServer, max: u32) -> String {
+    format!(
+        r#"apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: worker, namespace: {namespace}}}
+spec:
+  scaleTargetRef: {{name: worker}}
+  pollingInterval: 2
+  minReplicaCount: 0
+  maxReplicaCount: {max}
+  cooldownPeriod: 0
+  advanced:
+    horizontalPodAutoscalerConfig:
+      behavior:
+        scaleUp:
+          stabilizationWindowSeconds: 0
+          policies: [{{type: Percent, value: 1000, periodSeconds: 1}}]
+        scaleDown:
+          stabilizationWindowSeconds: 0
+          policies: [{{type: Percent, value: 100, periodSeconds: 1}}]
+  triggers:
+  - type: external
+    metadata:
+      scalerAddress: 127.0.0.1:{grpc}
+      scaler: redis
+      address: {address}
+      listName: jobs
+      listLength: "5"
+      scalingMode: engine
+      cooldownPeriod: "10"
+      behavior: none
+"#,
+        address = redis.address()
+    )
+}
+
+/// Engine mode with the real HPA: the README's recommended ScaledObject
+/// (its policies' period at 1 s, not 15: with KEDA polling every 2 s, a
+/// 15 s period would hold the third step, as the real HPA showed: 1 → 4 →
+/// 8 → 11, 11 being 1000 % of the count 15 s before), 100 jobs at 5 per
+/// replica; KEDA activates 0 → 1 and the HPA applies the engine's ACA
+/// steps 1 → 4 → 8 → 16 → 20.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_mode_steps_one_four_eight_through_the_real_hpa() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let scene = Scene::start(plane, "engine", RedisServer::start(), |_| {}).await;
+    let (namespace, redis, grpc) = (&scene.namespace, &scene.redis, scene.grpc);
+    plane.apply(&engine_scaled_object(namespace, grpc, redis, 20));
+    redis.fill("jobs", 100);
+    let seen = scene.reaches(20).await;
+    eprintln!("engine mode, real HPA: replicas went {seen:?}");
+    assert_eq!(seen, vec![0, 1, 4, 8, 16, 20], "ACA's step-up, in order");
+
+    // hoist's Events on the ScaledObject, read back from the API: one
+    // SuccessfulRescale per step, by the `hoist` controller.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(scene.client.clone(), namespace);
+    let notes: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|event| {
+            event.reason.as_deref() == Some("SuccessfulRescale")
+                && event.reporting_controller.as_deref() == Some("hoist")
+                && event.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ScaledObject")
+        })
+        .filter_map(|event| event.note)
+        .collect();
+    for size in [4, 8, 16, 20] {
+        assert!(
+            notes
+                .iter()
+                .any(|note| note.starts_with(&format!("New size: {size};"))),
+            "an Event for the step to {size}: {notes:#?}"
+        );
+    }
+
+    redis.fill("jobs", 0);
+    let seen = scene
+        .until("back to 0 after the engine's cooldown", |seen| {
+            seen.last() == Some(&0)
+        })
+        .await;
+    eprintln!("engine mode, real HPA, going to zero: {seen:?}");
+    assert_eq!(seen, vec![20, 0], "20 → 0, not through the HPA's minimum");
+    assert_hoist_never_forbidden(plane);
+    scene.hoist.stop().await.unwrap();
+}
+
+/// A trigger's own TriggerAuthentication, resolved by hoist
+/// (`kubernetes.trigger_authentication`) from the real API with the
+/// chart's RBAC: KEDA sends no credentials to an external scaler, so hoist
+/// reads the Secret the TriggerAuthentication names. The team then rotates
+/// the password (the Secret, then Redis) and hoist follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_authentication_is_resolved_by_hoist_and_follows_a_rotation() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let (old, new) = ("first-password-7731", "rotated-password-0459");
+    let scene = Scene::start(
+        plane,
+        "credentials",
+        RedisServer::start_with(&["--requirepass", old]),
+        |settings| {
+            settings.kubernetes.trigger_authentication = true;
+        },
+    )
+    .await;
+    let (namespace, redis, grpc) = (&scene.namespace, &scene.redis, scene.grpc);
+    plane.apply(&format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: redis-secret, namespace: {namespace}}}
+stringData: {{password: {old}}}
+---
+apiVersion: keda.sh/v1alpha1
+kind: TriggerAuthentication
+metadata: {{name: redis-auth, namespace: {namespace}}}
+spec:
+  secretTargetRef:
+  - {{parameter: password, name: redis-secret, key: password}}
+---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: worker, namespace: {namespace}}}
+spec:
+  scaleTargetRef: {{name: worker}}
+  pollingInterval: 1
+  cooldownPeriod: 300
+  minReplicaCount: 0
+  maxReplicaCount: 10
+  triggers:
+  - type: external
+    authenticationRef: {{name: redis-auth}}
+    metadata:
+      scalerAddress: 127.0.0.1:{grpc}
+      scaler: redis
+      address: {address}
+      listName: jobs
+      listLength: "5"
+      pollingInterval: "1"
+"#,
+        address = redis.address()
+    ));
+    let mut admin = redis::Client::open(format!("redis://:{old}@{}", redis.address()))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("RPUSH")
+        .arg(&["jobs", "a", "b"])
+        .query(&mut admin)
+        .unwrap();
+    let seen = scene.reaches(1).await;
+    assert_eq!(seen, vec![0, 1]);
+
+    // The rotation: the Secret first, then Redis, whose clients must all
+    // log in again.
+    plane.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: redis-secret, namespace: {namespace}}}\nstringData: {{password: {new}}}\n"
+    ));
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", new])
+        .query(&mut admin)
+        .unwrap();
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query(&mut admin)
+        .unwrap();
+    let values: Vec<String> = (0..13).map(|i| i.to_string()).collect();
+    let _: () = redis::cmd("RPUSH")
+        .arg("jobs")
+        .arg(&values)
+        .query(&mut admin)
+        .unwrap();
+    let seen = scene.reaches(3).await;
+    assert_eq!(seen, vec![1, 3]);
+    let status = scene.hoist.get("/status").await.1;
+    assert!(
+        !status.contains(old) && !status.contains(new),
+        "no password in /status"
+    );
+    assert_hoist_never_forbidden(plane);
+    scene.hoist.stop().await.unwrap();
+}
+
+/// The admin port with real ServiceAccount tokens checked by the real
+/// API server's TokenReview (the chart grants hoist `create` on
+/// tokenreviews when adminAuth is on): a token of an allowed namespace's
+/// ServiceAccount for hoist's audience reads /status; another namespace's
+/// is refused (403); a token for the API server's own audience is no
+/// token for hoist (401); none at all is 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_checks_real_service_account_tokens() {
+    use hoist::config::Require;
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    for namespace in ["monitoring", "intruders"] {
+        plane.namespace(namespace);
+        plane.must(&["create", "serviceaccount", "prom", "--namespace", namespace]);
+    }
+    let token = |namespace: &str, audience: Option<&str>| {
+        let mut args = vec!["create", "token", "prom", "--namespace", namespace];
+        if let Some(audience) = audience {
+            args.extend(["--audience", audience]);
+        }
+        plane.must(&args).trim().to_string()
+    };
+    let hoist = hoist_in(plane, free_port(), |settings| {
+        settings.admin.auth.require = Require::Always;
+        settings.admin.auth.allowed_callers = vec!["system:serviceaccount:monitoring:*".into()];
+        settings.admin.auth.audiences = vec!["hoist".into()];
+    })
+    .await;
+    let read = |token: Option<String>| {
+        let admin = hoist.admin;
+        let header = token
+            .map(|token| format!("Authorization: Bearer {token}\r\n"))
+            .unwrap_or_default();
+        async move { support::http_get_with(admin, "/status", &header).await.0 }
+    };
+    assert_eq!(read(Some(token("monitoring", Some("hoist")))).await, 200);
+    assert_eq!(read(Some(token("intruders", Some("hoist")))).await, 403);
+    assert_eq!(read(Some(token("monitoring", None))).await, 401);
+    assert_eq!(read(None).await, 401);
+    assert_hoist_never_forbidden(plane);
+    hoist.stop().await.unwrap();
+}
+
+/// Engine mode through outside changes and restarts, with the real HPA
+/// and KEDA: a manual `kubectl scale` mid-run is stepped from (16 → 3 →
+/// 6 → 12 → 24 → 30); hoist restarted mid-run (without its state) holds
+/// the count; the API server restarted after etcd's history was compacted
+/// (every watch resumes with `410 Gone` and lists again) holds it too, and
+/// hoist's `/status` shows no error once its watches are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_mode_steps_from_a_manual_scale_and_holds_through_restarts() {
+    let plane = control_plane();
+    let _alone = DISRUPTION.write().await;
+    let scene = Scene::start(plane, "outside", RedisServer::start(), |_| {}).await;
+    let (namespace, redis, grpc) = (&scene.namespace, &scene.redis, scene.grpc);
+    plane.apply(&engine_scaled_object(namespace, grpc, redis, 30));
+    redis.fill("jobs", 150);
+    let seen = scene.reaches(16).await;
+    assert_eq!(seen, vec![0, 1, 4, 8, 16]);
+
+    plane.must(&[
+        "scale",
+        "deployment",
+        "worker",
+        "--replicas",
+        "3",
+        "-n",
+        namespace,
+    ]);
+    let seen = scene
+        .until("the steps from a manual 3 up to 30", |seen| {
+            seen.last() == Some(&30)
+        })
+        .await;
+    eprintln!("after kubectl scale --replicas=3: {seen:?}");
+    let from_three: Vec<i32> = seen.iter().copied().skip_while(|&r| r != 3).collect();
+    assert_eq!(
+        from_three,
+        vec![3, 6, 12, 24, 30],
+        "stepped from 3: {seen:?}"
+    );
+
+    // hoist restarts, as a rollout would: the count comes from the cluster.
+    let scene = scene.restart_hoist(plane, |_| {}).await;
+    let redis = &scene.redis;
+    let held = scene.holds(30, Duration::from_secs(8)).await;
+    assert_eq!(held, vec![30], "hoist's restart moved the count");
+
+    // The API server restarts after etcd forgot the history hoist's
+    // watches would resume from.
+    assert_hoist_never_forbidden(plane);
+    let lists_before = hoist_lists(plane, "scaledobjects");
+    plane.compact_etcd();
+    plane.restart("kube-apiserver");
+    let held = scene.holds(30, Duration::from_secs(8)).await;
+    assert_eq!(held, vec![30], "the API server's restart moved the count");
+    support::eventually(LIMIT, "hoist to list ScaledObjects again", || async {
+        hoist_lists(plane, "scaledobjects") > lists_before
+    })
+    .await;
+    support::eventually(LIMIT, "hoist's /status to clear the outage", || async {
+        let body = scene.hoist.get("/status").await.1;
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        status["kubernetes"]["error"].is_null()
+    })
+    .await;
+    let refused = plane.excuse_refusals_so_far();
+    eprintln!("refused by the API server just restarted (RBAC not yet loaded): {refused:?}");
+
+    redis.fill("jobs", 0);
+    let seen = scene
+        .until("back to 0 after the engine's cooldown", |seen| {
+            seen.last() == Some(&0)
+        })
+        .await;
+    assert_eq!(seen, vec![30, 0]);
+    assert_hoist_never_forbidden(plane);
+    scene.hoist.stop().await.unwrap();
+}
+
+/// How many lists of `resource` hoist has made (each watch starts with
+/// one; a `410 Gone` makes another).
+fn hoist_lists(plane: &ControlPlane, resource: &str) -> usize {
+    plane
+        .hoist_requests()
+        .iter()
+        .filter(|request| request.verb == "list" && request.resource == resource)
+        .count()
+}
