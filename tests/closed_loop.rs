@@ -124,6 +124,8 @@ struct Setup {
     metadata: Vec<(&'static str, &'static str)>,
     /// Seconds after KEDA's first poll that the HPA syncs first.
     hpa_phase: u64,
+    /// The HPA controller's sync period, in seconds.
+    hpa_sync: u64,
     /// Seconds before a new pod shows in `status.replicas`.
     pod_start: u64,
     /// Keep engine state in a file across restarts.
@@ -136,6 +138,7 @@ impl Setup {
             scaled_object: recommended(polling_seconds),
             metadata: vec![("cooldownPeriod", "300"), ("behavior", "none")],
             hpa_phase: 7,
+            hpa_sync: HPA_SYNC_SECONDS,
             pod_start: 0,
             state_file: true,
         }
@@ -151,6 +154,7 @@ struct Loop {
     trigger: ScaledObjectRef,
     polling: u64,
     hpa_phase: u64,
+    hpa_sync: u64,
     pod_start: u64,
     keda: Keda,
     hpa: Hpa,
@@ -222,6 +226,7 @@ impl Loop {
             trigger,
             polling: so["pollingInterval"].as_u64().unwrap_or(30),
             hpa_phase: setup.hpa_phase,
+            hpa_sync: setup.hpa_sync,
             pod_start: setup.pod_start,
             keda,
             hpa,
@@ -386,7 +391,7 @@ impl Loop {
             self.keda_poll().await;
         }
         if self.second >= self.hpa_phase
-            && (self.second - self.hpa_phase).is_multiple_of(HPA_SYNC_SECONDS)
+            && (self.second - self.hpa_phase).is_multiple_of(self.hpa_sync)
         {
             self.hpa_sync().await;
         }
@@ -705,6 +710,56 @@ async fn an_hpa_policy_stricter_than_the_engine_converges_one_pod_per_period() {
         !world.events("EngineLimitedByScaledObject").is_empty(),
         "{:#?}",
         world.api.events()
+    );
+}
+
+/// A rate policy adopted from the ScaledObject's `behavior` (1 pod per
+/// 4 s), KEDA polling every 2 s and the HPA syncing every 2 s: the count
+/// climbs at the policy's pace, one pod every 4 s, no slower. The engine
+/// dates each step from its decision, as the HPA dates its own from the
+/// sync that applies it; dated from when the engine saw it applied (a few
+/// milliseconds later), the evaluation one period on was still inside the
+/// period and every step waited one more poll (10 replicas at 62–64 s).
+#[tokio::test(start_paused = true)]
+async fn an_adopted_rate_policy_is_met_at_its_own_pace() {
+    let mut scaled_object = recommended(2);
+    scaled_object["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"] = json!({
+        "stabilizationWindowSeconds": 0,
+        "policies": [{"type": "Pods", "value": 1, "periodSeconds": 4}],
+    });
+    let mut world = Loop::start(Setup {
+        scaled_object,
+        metadata: vec![("cooldownPeriod", "300")],
+        hpa_phase: 1,
+        hpa_sync: 2,
+        ..Setup::recommended(2)
+    })
+    .await;
+    world.set_messages(50);
+    world.run_until(90).await;
+    println!("adopted 1 pod per 4 s: {}", world.log());
+    assert_eq!(
+        world.trajectory(),
+        (0..=10).collect::<Vec<_>>(),
+        "{}",
+        world.log()
+    );
+    let steps: Vec<u64> = (1..=10).map(|r| world.reached(r, 0)).collect();
+    // The HPA's own steps (from 2 on; 0 → 1 is KEDA's, which the HPA's
+    // policy does not count) are a period apart at least.
+    assert!(
+        steps[1..].windows(2).all(|w| w[1] - w[0] >= 4),
+        "never faster than the policy: {}",
+        world.log()
+    );
+    // 0 → 1 at KEDA's first poll with messages, then nine steps of 4 s
+    // (and one sync's slack).
+    assert!(
+        steps[9] - steps[0] <= 9 * 4 + 2,
+        "at the policy's pace, no slower: 1 at {} s, 10 at {} s: {}",
+        steps[0],
+        steps[9],
+        world.log()
     );
 }
 

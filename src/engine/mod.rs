@@ -137,6 +137,15 @@ pub struct TriggerState {
 pub struct PendingStep {
     pub from: i32,
     pub to: i32,
+    /// When the engine first decided this step. The step is recorded at
+    /// that time once applied, as the HPA records its own at the sync that
+    /// applies it, a moment later: recorded when the engine saw it applied
+    /// instead, a policy's period had not quite passed at the evaluation
+    /// one period later (a strict `<`), and every step waited one more
+    /// interval (1 pod per 4 s went a step every 6 s). None in a state
+    /// file written before this was kept: then the time it is seen applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<Millis>,
 }
 
 /// What limited (or explains) a decision.
@@ -829,9 +838,16 @@ fn store_step(state: &mut State, args: &HpaArgs, replicas: i32, now: Millis) {
     if args.steps_seen_applied {
         // The newest decision replaces one still waiting: only what the
         // HPA applies is a step.
+        let decided_at = match state.pending_step {
+            Some(waiting) if (waiting.from, waiting.to) == (current, replicas) => {
+                waiting.decided_at.unwrap_or(now)
+            }
+            _ => now,
+        };
         state.pending_step = (replicas != current).then_some(PendingStep {
             from: current,
             to: replicas,
+            decided_at: Some(decided_at),
         });
         return;
     }
@@ -895,7 +911,8 @@ fn settle_pending_step(state: &mut State, rules: &Rules, spec: u32, now: Millis)
         return;
     };
     let (up, down) = (rules.scale_up(), rules.scale_down());
-    record_step(state, (&up, &down), step.from, applied, now);
+    let at = step.decided_at.unwrap_or(now).min(now);
+    record_step(state, (&up, &down), step.from, applied, at);
 }
 
 #[cfg(test)]
