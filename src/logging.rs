@@ -8,12 +8,20 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, LogSettings};
 
+/// The Kubernetes client writes an ERROR line for every failed request
+/// (about 70 a minute while the API server refuses connections); hoist
+/// reports each failing watch or read itself, once per outage, so those
+/// lines are off unless `RUST_LOG` asks for them.
+const QUIET_KUBE_CLIENT: &str = "kube_client::client::builder=off";
+
 /// Installs the global subscriber; a second call is a no-op. `RUST_LOG`
 /// overrides the configured level when set.
 pub fn init(settings: &LogSettings) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&settings.level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::try_new(&settings.level)
+            .unwrap_or_else(|_| EnvFilter::new("info"))
+            .add_directive(QUIET_KUBE_CLIENT.parse().expect("a valid directive"))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

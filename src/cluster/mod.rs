@@ -245,9 +245,7 @@ impl Cluster {
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &scaled_jobs());
             let stream = reflector::reflector(
                 jobs_writer,
-                watcher(api, watch_config())
-                    .default_backoff()
-                    .modify(keep_what_is_read),
+                watcher(api, watch_config()).modify(keep_what_is_read),
             );
             follow(
                 stream,
@@ -270,9 +268,7 @@ impl Cluster {
         let api: Api<DynamicObject> = Api::all_with(client, &resource);
         let stream = reflector::reflector(
             writer,
-            watcher(api, watch_config())
-                .default_backoff()
-                .modify(keep_what_is_read),
+            watcher(api, watch_config()).modify(keep_what_is_read),
         );
         follow(
             stream,
@@ -565,9 +561,25 @@ fn keep_what_is_read(object: &mut DynamicObject) {
     }
 }
 
+/// How long a failing watch waits before it lists again: doubling from
+/// [`FIRST_RETRY`] to [`LAST_RETRY`], and back to the first only once the
+/// API has answered (kube-runtime's own backoff starts over at every
+/// `Init`, which opens each re-list, also one that is about to be refused:
+/// a refused list was retried about once a second for good).
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const LAST_RETRY: Duration = Duration::from_secs(30);
+
+/// True for the events only an answering API server produces: a listed
+/// object, a completed list, a watch event. `Init` is not one of them.
+fn shows_the_api_answering<K>(event: &watcher::Event<K>) -> bool {
+    !matches!(event, watcher::Event::Init)
+}
+
 /// Drives a reflector's stream until `cancel`, keeping in `error` why the
-/// watch of `resource` fails while it does (logged when that changes);
-/// `grant` completes the advice for a 403.
+/// watch of `resource` fails while it does; `grant` completes the advice
+/// for a 403. One warning when an outage starts and one line when the
+/// watch works again, however long it lasts and however often it is
+/// retried in between.
 fn follow<S, K>(
     stream: S,
     resource: &'static str,
@@ -581,26 +593,44 @@ fn follow<S, K>(
 {
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        let mut retry = FIRST_RETRY;
         loop {
             let next = tokio::select! {
                 _ = cancel.cancelled() => return,
                 next = stream.next() => next,
             };
             let Some(event) = next else { return };
-            let mut error = error.lock().unwrap_or_else(|e| e.into_inner());
             match event {
                 Ok(event) => {
                     on_event(&event);
-                    if error.take().is_some() {
-                        info!(resource, "watching again");
+                    if shows_the_api_answering(&event) {
+                        retry = FIRST_RETRY;
+                        let mut error = error.lock().unwrap_or_else(|e| e.into_inner());
+                        if error.take().is_some() {
+                            info!(resource, "watching again");
+                        }
                     }
                 }
                 Err(failure) => {
                     let reason = describe_watch_error(resource, grant, &failure);
-                    if error.as_deref() != Some(reason.as_str()) {
-                        warn!(resource, error = %reason, "cannot watch");
+                    {
+                        let mut error = error.lock().unwrap_or_else(|e| e.into_inner());
+                        match error.as_deref() {
+                            None => {
+                                warn!(resource, error = %reason, retry_in = ?retry, "cannot watch")
+                            }
+                            Some(before) if before != reason => {
+                                debug!(resource, error = %reason, "still cannot watch")
+                            }
+                            Some(_) => {}
+                        }
+                        *error = Some(reason);
                     }
-                    *error = Some(reason);
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(retry) => {}
+                    }
+                    retry = (retry * 2).min(LAST_RETRY);
                 }
             }
         }
@@ -633,6 +663,77 @@ fn describe_watch_error(resource: &str, grant: &str, error: &watcher::Error) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// kube-runtime's watcher against an API server that refuses every
+    /// list: `Init` (it opens each re-list), then the refusal, for good.
+    /// hoist took that `Init` for recovery and reset its backoff: a list
+    /// about once a second, and two log lines each time.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_list_backs_off_and_an_init_is_no_recovery() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let lists = Arc::new(AtomicUsize::new(0));
+        let counted = lists.clone();
+        let refusing = futures::stream::unfold(0u64, move |n| {
+            let counted = counted.clone();
+            async move {
+                let item = if n % 2 == 0 {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    Ok(watcher::Event::<DynamicObject>::Init)
+                } else {
+                    Err(watcher::Error::NoResourceVersion)
+                };
+                Some((item, n + 1))
+            }
+        });
+        let error = Arc::new(Mutex::new(None));
+        let cancel = CancellationToken::new();
+        follow(
+            refusing,
+            "scaledobjects.keda.sh",
+            "",
+            error.clone(),
+            cancel.clone(),
+            |_| {},
+        );
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        // Lists at 0, 1, 3, 7, 15 and 31 s (waits doubling from 1 s), the
+        // next at 61 s: six in the first minute, where it was sixty.
+        let tried = lists.load(Ordering::SeqCst);
+        assert_eq!(tried, 6, "lists in a minute of refusals");
+        assert!(
+            error.lock().unwrap().is_some(),
+            "the refusal stays reported across the Init of every retry"
+        );
+        cancel.cancel();
+    }
+
+    /// A list that completes is the API answering again: the error clears
+    /// (for `/status`) and the next failure waits the first retry again.
+    #[tokio::test(start_paused = true)]
+    async fn a_completed_list_clears_the_error() {
+        let events = futures::stream::iter(vec![
+            Ok(watcher::Event::<DynamicObject>::Init),
+            Err(watcher::Error::NoResourceVersion),
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitDone),
+        ])
+        .chain(futures::stream::pending());
+        let error = Arc::new(Mutex::new(None));
+        let cancel = CancellationToken::new();
+        follow(
+            events,
+            "scaledobjects.keda.sh",
+            "",
+            error.clone(),
+            cancel.clone(),
+            |_| {},
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(error.lock().unwrap().is_some(), "refused, then waiting");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(*error.lock().unwrap(), None, "listed again");
+        cancel.cancel();
+    }
 
     #[test]
     fn a_stored_object_keeps_its_spec_and_loses_what_is_never_read() {

@@ -7,16 +7,14 @@
 //! whatever the number of ScaledObjects.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
 
 /// A scale target whose desired count may have changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,35 +52,29 @@ fn watch<K>(
 {
     // `PartialObjectMeta` makes every request metadata-only.
     let api: Api<PartialObjectMeta<K>> = Api::all(client.clone());
-    let stream = watcher::watcher(api, super::watch_config()).default_backoff();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        // Generations last seen: only a spec change is news.
-        let generations: Mutex<HashMap<(String, String), i64>> = Mutex::new(HashMap::new());
-        let mut failing = false;
-        loop {
-            let next = tokio::select! {
-                _ = cancel.cancelled() => return,
-                next = stream.next() => next,
-            };
-            let Some(event) = next else { return };
-            match event {
-                Ok(event) => {
-                    if std::mem::take(&mut failing) {
-                        info!(kind, "watching scale targets again");
-                    }
-                    if let Some(change) = changed(kind, &event, &generations) {
-                        let _ = changes.send(change);
-                    }
-                }
-                Err(error) => {
-                    if !std::mem::replace(&mut failing, true) {
-                        warn!(kind, %error, "cannot watch scale targets: engines read their count once per interval (grant list/watch on deployments and statefulsets for outside changes at once)");
-                    }
-                }
+    let stream = watcher::watcher(api, super::watch_config());
+    // Generations last seen: only a spec change is news.
+    let generations: Mutex<HashMap<(String, String), i64>> = Mutex::new(HashMap::new());
+    super::follow(
+        stream,
+        resource_of(kind),
+        " (without it, engines read their count once per interval instead of seeing outside changes at once)",
+        // Nobody reads why: engines fall back to reading once per interval.
+        Arc::new(Mutex::new(None)),
+        cancel,
+        move |event| {
+            if let Some(change) = changed(kind, event, &generations) {
+                let _ = changes.send(change);
             }
-        }
-    });
+        },
+    );
+}
+
+fn resource_of(kind: &'static str) -> &'static str {
+    match kind {
+        "StatefulSet" => "statefulsets.apps",
+        _ => "deployments.apps",
+    }
 }
 
 /// The target an event changed, when its generation moved (or it is new

@@ -252,7 +252,6 @@ impl TriggerAuthStores {
             resource: "secrets",
         };
         let stream = watcher(Api::<Secret>::all(client.clone()), super::watch_config())
-            .default_backoff()
             .modify(|secret: &mut Secret| {
                 secret.managed_fields_mut().clear();
                 // kubectl apply keeps the whole Secret, data and all, here.
@@ -440,7 +439,6 @@ fn watch_dynamic(
     };
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
     let stream = watcher(api, super::watch_config())
-        .default_backoff()
         .modify(super::keep_what_is_read)
         .reflect(writer);
     super::follow(
