@@ -445,7 +445,8 @@ async fn a_forbidden_scaledobject_watch_is_shown_and_nothing_is_guessed() {
     })
     .await;
     assert!(
-        error.contains("403") && error.contains("get/list/watch on scaledobjects.keda.sh"),
+        error.contains("403")
+            && error.contains("ServiceAccount list/watch on scaledobjects.keda.sh"),
         "{error}"
     );
     assert_eq!(

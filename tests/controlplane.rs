@@ -642,3 +642,131 @@ fn hoist_lists(plane: &ControlPlane, resource: &str) -> usize {
         .filter(|request| request.verb == "list" && request.resource == resource)
         .count()
 }
+
+/// The chart grants exactly what hoist uses: one hoist with every feature
+/// that reads the API on (engine mode, `kubernetes.trigger_authentication`,
+/// the admin port's TokenReview) scales a worker twice (the same Event
+/// twice, which kube's recorder adds to a series with a patch), and every
+/// rule of the chart's ClusterRole must show in the audit log as a call
+/// this hoist's own token made; a rule never used is reported and fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_grant_of_the_chart_is_used() {
+    use hoist::config::Require;
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let (kubeconfig, credential) = plane.hoist_credential("hoist-rbac.kubeconfig");
+    let password = "grants-password-5510";
+    plane.namespace("rbac-readers");
+    plane.must(&["create", "serviceaccount", "prom", "-n", "rbac-readers"]);
+    let scene = Scene::start(
+        plane,
+        "grants",
+        RedisServer::start_with(&["--requirepass", password]),
+        |settings| {
+            settings.kubernetes.kubeconfig = Some(kubeconfig);
+            settings.kubernetes.trigger_authentication = true;
+            settings.admin.auth.require = Require::Always;
+            settings.admin.auth.allowed_callers =
+                vec!["system:serviceaccount:rbac-readers:*".into()];
+        },
+    )
+    .await;
+    let namespace = &scene.namespace;
+    let mut scaled_object = engine_scaled_object(namespace, scene.grpc, &scene.redis, 10);
+    scaled_object = scaled_object.replace(
+        "  - type: external\n",
+        "  - type: external\n    authenticationRef: {name: redis-auth}\n",
+    );
+    plane.apply(&format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: redis-secret, namespace: {namespace}}}
+stringData: {{password: {password}}}
+---
+apiVersion: keda.sh/v1alpha1
+kind: TriggerAuthentication
+metadata: {{name: redis-auth, namespace: {namespace}}}
+spec:
+  secretTargetRef:
+  - {{parameter: password, name: redis-secret, key: password}}
+---
+{scaled_object}"#
+    ));
+    let mut redis = redis::Client::open(format!("redis://:{password}@{}", scene.redis.address()))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for round in 0..2 {
+        let _: () = redis::cmd("RPUSH")
+            .arg("jobs")
+            .arg(&["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"])
+            .query(&mut redis)
+            .unwrap();
+        let seen = scene.reaches(2).await;
+        assert!(visits(&seen, &[0, 1, 2]), "round {round}: {seen:?}");
+        let _: () = redis::cmd("DEL").arg("jobs").query(&mut redis).unwrap();
+        scene.reaches(0).await;
+    }
+    let token = plane.must(&["create", "token", "prom", "-n", "rbac-readers"]);
+    let (code, _) = support::http_get_with(
+        scene.hoist.admin,
+        "/status",
+        &format!("Authorization: Bearer {}\r\n", token.trim()),
+    )
+    .await;
+    assert_eq!(code, 200);
+
+    let role: serde_json::Value = serde_json::from_str(&plane.must(&[
+        "get",
+        "clusterrole",
+        controlplane::RELEASE,
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let used: Vec<_> = plane
+        .hoist_requests()
+        .into_iter()
+        .filter(|request| request.credential == credential && request.code < 400)
+        .collect();
+    let mut unused = Vec::new();
+    for rule in role["rules"].as_array().unwrap() {
+        let strings = |key: &str| -> Vec<String> {
+            rule[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|value| value.as_str().unwrap().to_string())
+                .collect()
+        };
+        for group in strings("apiGroups") {
+            for resource in strings("resources") {
+                for verb in strings("verbs") {
+                    let matches = |request: &&controlplane::AuditedRequest| {
+                        request.verb == verb
+                            && (group == "*" || request.group == group)
+                            && match resource.strip_prefix('*') {
+                                Some(sub) => request.resource.ends_with(sub),
+                                None => request.resource == resource,
+                            }
+                    };
+                    if !used.iter().any(|request| matches(&request)) {
+                        unused.push(format!("{verb} {group}/{resource}"));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "hoist's calls with the chart's grants: {:?}",
+        used.iter()
+            .map(ToString::to_string)
+            .collect::<std::collections::BTreeSet<_>>()
+    );
+    assert!(
+        unused.is_empty(),
+        "the chart grants what hoist never used: {unused:?}"
+    );
+    assert_hoist_never_forbidden(plane);
+    scene.hoist.stop().await.unwrap();
+}

@@ -109,10 +109,10 @@ fn service_accounts_may_read_what_engine_mode_and_admin_auth_read() {
     assert_eq!(
         rules,
         [
-            serde_json::json!({"apiGroups": ["keda.sh"], "resources": ["scaledobjects", "scaledjobs"], "verbs": ["get", "list", "watch"]}),
+            serde_json::json!({"apiGroups": ["keda.sh"], "resources": ["scaledobjects", "scaledjobs"], "verbs": ["list", "watch"]}),
             serde_json::json!({"apiGroups": ["*"], "resources": ["*/scale"], "verbs": ["get"]}),
             serde_json::json!({"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"], "verbs": ["list", "watch"]}),
-            serde_json::json!({"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}),
+            serde_json::json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}),
             serde_json::json!({"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}),
         ]
     );

@@ -1404,7 +1404,7 @@ fn trigger_authentication_grants_its_rbac_and_sets_the_config_key() {
     let granted = |resource: &str| {
         rules.iter().any(|rule| {
             strings(&rule["resources"]).contains(&resource)
-                && strings(&rule["verbs"]) == ["get", "list", "watch"]
+                && strings(&rule["verbs"]) == ["list", "watch"]
         })
     };
     for resource in [

@@ -649,7 +649,7 @@ fn describe_watch_error(resource: &str, grant: &str, error: &watcher::Error) -> 
     };
     match status {
         Some(status) if status.code == 403 => format!(
-            "listing {resource} is forbidden (403): grant hoist's ServiceAccount get/list/watch on {resource}{grant} ({})",
+            "listing {resource} is forbidden (403): grant hoist's ServiceAccount list/watch on {resource}{grant} ({})",
             status.message
         ),
         Some(status) => format!(

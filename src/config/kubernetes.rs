@@ -27,7 +27,7 @@ pub struct KubernetesSettings {
     /// Resolve a trigger's `authenticationRef` as KEDA does for its
     /// built-in scalers: watch TriggerAuthentications,
     /// ClusterTriggerAuthentications and the Secrets they read (RBAC:
-    /// get/list/watch on all three, cluster-wide). Off by default: it
+    /// list/watch on all three, cluster-wide). Off by default: it
     /// lets hoist read every Secret in the cluster.
     pub trigger_authentication: bool,
     /// Where a ClusterTriggerAuthentication's `secretTargetRef` Secrets

@@ -196,6 +196,14 @@ impl ControlPlane {
     /// A kubeconfig with a token of the chart's ServiceAccount (TokenRequest,
     /// as a pod's projected token is made).
     fn write_hoist_kubeconfig(&self) -> PathBuf {
+        self.hoist_credential("hoist.kubeconfig").0
+    }
+
+    /// A kubeconfig named `file` with a new token of the chart's
+    /// ServiceAccount, and the token's ID, which the audit log keeps with
+    /// each request made with it (`authentication.kubernetes.io/credential-id`).
+    pub fn hoist_credential(&self, file: &str) -> (PathBuf, String) {
+        use base64::Engine;
         let token = self.must(&[
             "create",
             "token",
@@ -205,6 +213,15 @@ impl ControlPlane {
             "--duration",
             "24h",
         ]);
+        let token = token.trim();
+        let claims = token.split('.').nth(1).expect("a JWT");
+        let claims: Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(claims)
+                .unwrap(),
+        )
+        .unwrap();
+        let id = claims["jti"].as_str().expect("the token's jti").to_string();
         let server = self.must(&[
             "config",
             "view",
@@ -212,17 +229,16 @@ impl ControlPlane {
             "-o",
             "jsonpath={.clusters[0].cluster.server}",
         ]);
-        let path = self.dir.join("hoist.kubeconfig");
+        let path = self.dir.join(file);
         std::fs::write(
             &path,
             format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: hoist\n  user:\n    token: {}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: hoist\ncurrent-context: c\n",
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: hoist\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: hoist\ncurrent-context: c\n",
                 self.dir.join("pki/ca.crt").display(),
-                token.trim()
             ),
         )
         .unwrap();
-        path
+        (path, id)
     }
 
     /// Every request hoist's ServiceAccount made so far, from the API
@@ -234,6 +250,11 @@ impl ControlPlane {
             .filter(|event| event["user"]["username"] == HOIST_USER)
             .map(|event| AuditedRequest {
                 audit_id: event["auditID"].as_str().unwrap_or_default().to_string(),
+                credential: event["user"]["extra"]["authentication.kubernetes.io/credential-id"][0]
+                    .as_str()
+                    .and_then(|id| id.strip_prefix("JTI="))
+                    .unwrap_or_default()
+                    .to_string(),
                 verb: event["verb"].as_str().unwrap_or_default().to_string(),
                 group: event["objectRef"]["apiGroup"]
                     .as_str()
@@ -333,6 +354,8 @@ impl ControlPlane {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AuditedRequest {
     pub audit_id: String,
+    /// The ID of the token the request was made with.
+    pub credential: String,
     pub verb: String,
     pub group: String,
     pub resource: String,
