@@ -770,3 +770,106 @@ spec:
     assert_hoist_never_forbidden(plane);
     scene.hoist.stop().await.unwrap();
 }
+
+/// Declared routes with trust from the real ScaledObject store and real
+/// RBAC: two teams' ScaledObjects declare the same host (team-b's first);
+/// two hoist replicas agree that the older one holds it, a forged call
+/// that names team-b's ScaledObject with another upstream is refused, and
+/// when team-b's ScaledObject is deleted both replicas hand the host to
+/// team-a's. KEDA calls the first replica, as its scalerAddress says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_agree_on_declared_routes_from_the_real_store() {
+    use support::web::{Upstream, full, http1_client, send};
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let app = |name: &'static str| {
+        Upstream::start(move |_| async move { http::Response::new(full(name)) })
+    };
+    let (older, newer, attacker) = (
+        app("older").await,
+        app("newer").await,
+        app("attacker").await,
+    );
+    let interceptor = |settings: &mut Settings| {
+        settings.interceptor.enabled = true;
+        settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
+        settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
+        settings.interceptor.allowed_hosts =
+            [("*".to_string(), vec!["*.example".to_string()])].into();
+        // The apps are on loopback, which declared routes may not reach by default.
+        settings.interceptor.denied_networks = Vec::new();
+    };
+    let first_port = free_port();
+    let first = hoist_in(plane, first_port, interceptor).await;
+    let second = hoist_in(plane, free_port(), interceptor).await;
+    let declaring = |namespace: &str, upstream: std::net::SocketAddr| {
+        format!(
+            r#"apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: web, namespace: {namespace}}}
+spec:
+  scaleTargetRef: {{name: web}}
+  minReplicaCount: 1
+  triggers:
+  - type: external
+    metadata:
+      scalerAddress: 127.0.0.1:{first_port}
+      scaler: http
+      host: shared.example
+      upstream: "{upstream}"
+"#
+        )
+    };
+    for (namespace, upstream) in [("team-b", older.addr), ("team-a", newer.addr)] {
+        plane.namespace(namespace);
+        plane.apply(&deployment(namespace, "web", 1));
+        plane.apply(&declaring(namespace, upstream));
+        // creationTimestamp has whole seconds: the second one is younger.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let through = |hoist: &Hoist| {
+        let proxy = hoist.http_proxy.unwrap();
+        async move { send(&http1_client(), proxy, "shared.example", "/").await.1 }
+    };
+    for replica in [&first, &second] {
+        support::eventually(LIMIT, "shared.example served by team-b's app", || async {
+            through(replica).await == "older"
+        })
+        .await;
+    }
+
+    // A caller of the gRPC port posing as team-b's ScaledObject.
+    let forged = hoist::proto::ScaledObjectRef {
+        name: "web".into(),
+        namespace: "team-b".into(),
+        scaler_metadata: [
+            ("scalerAddress", format!("127.0.0.1:{first_port}")),
+            ("scaler", "http".into()),
+            ("host", "shared.example".into()),
+            ("upstream", attacker.addr.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+    };
+    let refused = second.spec_refused(&forged).await;
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("team-b/web") && refused.message().contains("`upstream`"),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(through(&second).await, "older");
+    assert_eq!(attacker.requests(), 0);
+
+    plane.must(&["delete", "scaledobject", "web", "-n", "team-b"]);
+    for replica in [&first, &second] {
+        support::eventually(LIMIT, "shared.example handed to team-a's app", || async {
+            through(replica).await == "newer"
+        })
+        .await;
+    }
+    assert_hoist_never_forbidden(plane);
+    first.stop().await.unwrap();
+    second.stop().await.unwrap();
+}
