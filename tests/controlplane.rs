@@ -873,3 +873,84 @@ spec:
     first.stop().await.unwrap();
     second.stop().await.unwrap();
 }
+
+/// kedacore/keda#5787, measured: a ScaledObject created while its external
+/// scaler is not reachable yet (hoist starting after the ScaledObject, as
+/// in a Helm install of both). KEDA's reconcile fails (`Ready` False,
+/// `ScaledObjectCheckFailed`) and it makes no HPA; with hoist up, KEDA's
+/// own retries (controller-runtime's per-object backoff, 5 ms doubling)
+/// make the HPA without anyone editing the ScaledObject, after a delay
+/// that grows with how long hoist was away. The test prints that delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scaledobject_made_before_hoist_gets_its_hpa_once_hoist_answers() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let namespace = plane.namespace("late-scaler");
+    let redis = RedisServer::start();
+    redis.fill("jobs", 10);
+    let grpc = free_port();
+    plane.apply(&deployment(&namespace, "worker", 0));
+    plane.apply(&format!(
+        r#"apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: worker, namespace: {namespace}}}
+spec:
+  scaleTargetRef: {{name: worker}}
+  pollingInterval: 1
+  minReplicaCount: 0
+  maxReplicaCount: 5
+  triggers:
+  - type: external
+    metadata:
+      scalerAddress: 127.0.0.1:{grpc}
+      scaler: redis
+      address: {address}
+      listName: jobs
+      listLength: "5"
+"#,
+        address = redis.address()
+    ));
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(plane.client().await, &namespace);
+    let ready = || {
+        let output = plane.must(&[
+            "get",
+            "scaledobject",
+            "worker",
+            "-n",
+            &namespace,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}/{.status.conditions[?(@.type==\"Ready\")].reason}",
+        ]);
+        output.trim().to_string()
+    };
+    support::eventually(LIMIT, "KEDA to mark the ScaledObject not ready", || async {
+        ready() == "False/ScaledObjectCheckFailed"
+    })
+    .await;
+    let away = Duration::from_secs(15);
+    tokio::time::sleep(away).await;
+    assert!(
+        hpas.get_opt("keda-hpa-worker").await.unwrap().is_none(),
+        "no HPA while the scaler cannot be reached"
+    );
+
+    let started = std::time::Instant::now();
+    let hoist = hoist_in(plane, grpc, |_| {}).await;
+    support::eventually(
+        Duration::from_secs(180),
+        "KEDA to make the HPA by itself",
+        || async { hpas.get_opt("keda-hpa-worker").await.unwrap().is_some() },
+    )
+    .await;
+    let waited = started.elapsed();
+    eprintln!(
+        "keda#5787: hoist away {away:?} after KEDA's first failed reconcile; KEDA made the HPA {:.1} s after hoist answered, unedited",
+        waited.as_secs_f64()
+    );
+    support::eventually(LIMIT, "KEDA to mark the ScaledObject ready", || async {
+        ready().starts_with("True/")
+    })
+    .await;
+    assert_hoist_never_forbidden(plane);
+    hoist.stop().await.unwrap();
+}

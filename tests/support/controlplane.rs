@@ -374,6 +374,8 @@ impl std::fmt::Display for AuditedRequest {
 }
 
 pub async fn client_from(kubeconfig: &Path) -> kube::Client {
+    // As hoist does: rustls needs its provider chosen before a first client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let config = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
     let config =
         kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
