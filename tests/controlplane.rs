@@ -954,3 +954,79 @@ spec:
     assert_hoist_never_forbidden(plane);
     hoist.stop().await.unwrap();
 }
+
+/// kedacore/keda#8056, measured: `fallback` never fires while the external
+/// scaler cannot be reached, because KEDA's `GetMetricSpec` fails before
+/// any metric exists to fall back for. A worker at 1 replica with a
+/// fallback of 3 after 2 failures stays at 1 for as long as hoist is away;
+/// what keeps capacity then is hoist staying up (replicas and a PDB), not
+/// the ScaledObject's fallback. Once hoist answers, scaling resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_never_fires_while_the_external_scaler_is_unreachable() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let namespace = plane.namespace("no-fallback");
+    let redis = RedisServer::start();
+    redis.fill("jobs", 10);
+    let grpc = free_port();
+    plane.apply(&deployment(&namespace, "worker", 1));
+    plane.apply(&format!(
+        r#"apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: worker, namespace: {namespace}}}
+spec:
+  scaleTargetRef: {{name: worker}}
+  pollingInterval: 1
+  minReplicaCount: 1
+  maxReplicaCount: 5
+  fallback: {{failureThreshold: 2, replicas: 3}}
+  triggers:
+  - type: external
+    metadata:
+      scalerAddress: 127.0.0.1:{grpc}
+      scaler: redis
+      address: {address}
+      listName: jobs
+      listLength: "5"
+"#,
+        address = redis.address()
+    ));
+    let deployments: Api<Deployment> = Api::namespaced(plane.client().await, &namespace);
+    let mut seen = vec![1];
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < until {
+        if let Some(now) = replicas(&deployments, "worker").await
+            && seen.last() != Some(&now)
+        {
+            seen.push(now);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let conditions = plane.must(&[
+        "get",
+        "scaledobject",
+        "worker",
+        "-n",
+        &namespace,
+        "-o",
+        "jsonpath={range .status.conditions[*]}{.type}={.status}/{.reason} {end}",
+    ]);
+    eprintln!("keda#8056: 20 s with hoist away: replicas {seen:?}; conditions {conditions}");
+    assert_eq!(seen, vec![1], "KEDA applied no fallback: {conditions}");
+    assert!(
+        conditions.contains("Ready=False/ScaledObjectCheckFailed"),
+        "{conditions}"
+    );
+
+    let hoist = hoist_in(plane, grpc, |_| {}).await;
+    let seen = trajectory(
+        Duration::from_secs(180),
+        "1 → 2 once hoist answers",
+        || replicas(&deployments, "worker"),
+        |seen| seen.last() == Some(&2),
+    )
+    .await;
+    assert_eq!(seen, vec![1, 2]);
+    assert_hoist_never_forbidden(plane);
+    hoist.stop().await.unwrap();
+}
