@@ -383,6 +383,36 @@ impl Loop {
         }
     }
 
+    /// Waits, without moving the cluster's clock, until hoist's answer is
+    /// `replicas` (or ten real seconds pass): what hoist does "at once" is
+    /// done before the next second. A task that is always ready keeps the
+    /// paused clock from jumping ahead while hoist's watch event is still
+    /// on its way over loopback (on a loaded machine the HPA's next sync
+    /// came first, and read the answer from before the change).
+    async fn until_answer(&self, replicas: f64) {
+        let busy = tokio::spawn(async {
+            loop {
+                tokio::task::yield_now().await;
+            }
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            let request = GetMetricsRequest {
+                scaled_object_ref: Some(self.trigger.clone()),
+                metric_name: "azure-servicebus-jobs".into(),
+            };
+            let answer = match &self.hoist {
+                Some(hoist) => hoist.client().await.get_metrics(request).await.ok(),
+                None => None,
+            };
+            let seen = answer.map(|a| a.into_inner().metric_values[0].metric_value_float);
+            if seen == Some(replicas * TARGET as f64) {
+                break;
+            }
+        }
+        busy.abort();
+    }
+
     /// One second of the cluster: pods, KEDA's poll and the HPA's sync
     /// when due, then the clock moves on (hoist runs meanwhile).
     async fn tick(&mut self) {
@@ -543,6 +573,7 @@ async fn a_manual_scale_mid_run_steps_up_again_from_what_runs() {
     world.run_until(200).await;
     assert_eq!(world.scale().0, 10, "{}", world.log());
     world.write(3, "kubectl");
+    world.until_answer(6.0).await;
     world.run_until(400).await;
     println!("manual scale: {}", world.log());
     let after: Vec<i32> = world
