@@ -865,3 +865,82 @@ async fn a_request_names_one_host_and_the_app_gets_it_normalised() {
         (200, "host=web.test:8080 xfh=web.test:8080")
     );
 }
+
+/// An HTTP/1.1 app answering with every field it got, a line each.
+async fn fields_echo() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
+                let text: String = request
+                    .headers()
+                    .iter()
+                    .map(|(name, value)| {
+                        format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes()))
+                    })
+                    .collect();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(text))))
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// CGI-style servers read `X_Forwarded_For` as `X-Forwarded-For` and
+/// merge the client's value with hoist's: the `_` spellings of forwarding,
+/// framing and hop-by-hop fields stay behind on both paths, even from a
+/// trusted proxy; other names with `_` pass.
+#[tokio::test]
+async fn underscore_spellings_of_hoists_own_fields_never_reach_the_app() {
+    let app = fields_echo().await;
+    for trusted in [false, true] {
+        let mut settings = web_to(app);
+        if trusted {
+            settings.interceptor.trusted_proxies = vec!["127.0.0.1".into()];
+        }
+        let hoist = Hoist::start_with(settings).await;
+        let proxy = hoist.http_proxy.unwrap();
+        // `TE` sends the second request to hyper's path.
+        for (path, extra) in [("direct", ""), ("hyper", "TE: trailers\r\n")] {
+            let request = format!(
+                "GET / HTTP/1.1\r\nHost: web.test\r\n{extra}X_Forwarded_For: 6.6.6.6\r\n\
+                 X_Real_IP: 6.6.6.6\r\nX_Forwarded_Proto: https\r\nX_Forwarded_Host: evil.example\r\n\
+                 Content_Length: 5\r\nTransfer_Encoding: chunked\r\nKeep_Alive: 1\r\n\
+                 X_Request_Id: 7\r\nConnection: close\r\n\r\n"
+            );
+            let answer = exchange(proxy, request.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+            let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+            let names: Vec<&str> = body
+                .lines()
+                .filter_map(|line| line.split_once(':').map(|(name, _)| name))
+                .collect();
+            for folded in [
+                "x_forwarded_for",
+                "x_real_ip",
+                "x_forwarded_proto",
+                "x_forwarded_host",
+                "content_length",
+                "transfer_encoding",
+                "keep_alive",
+            ] {
+                assert!(
+                    !names.contains(&folded),
+                    "{path}, trusted {trusted}: {body}"
+                );
+            }
+            assert!(names.contains(&"x_request_id"), "{path}: {body}");
+            assert!(
+                !body.contains("6.6.6.6"),
+                "{path}, trusted {trusted}: {body}"
+            );
+        }
+        hoist.stop().await.unwrap();
+    }
+}

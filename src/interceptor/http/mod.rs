@@ -8,6 +8,7 @@
 
 mod direct;
 mod direct_pool;
+mod folded_names;
 mod host;
 mod replay;
 mod request_head;
@@ -825,12 +826,26 @@ fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are
 /// not forwarded, except what an upgrade needs and `TE: trailers` (gRPC).
+/// Nor are `_` spellings of those, of framing and of forwarding headers
+/// (see `folded_names`).
 /// `Trailer` is end to end: HTTP/1.1 only sends the trailers it declares.
 fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
     // Most messages carry none of them: one pass over the few names the
     // message has (comparisons, no hashing), nothing to remove.
-    if upgrade.is_none() && !headers.keys().any(|name| is_hop_by_hop(name.as_str())) {
+    if upgrade.is_none()
+        && !headers.keys().any(|name| {
+            is_hop_by_hop(name.as_str()) || folded_names::is_underscore_alias(name.as_str())
+        })
+    {
         return;
+    }
+    let aliases: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| folded_names::is_underscore_alias(name.as_str()))
+        .cloned()
+        .collect();
+    for name in aliases {
+        headers.remove(name);
     }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)

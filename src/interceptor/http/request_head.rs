@@ -162,7 +162,8 @@ fn check<'b>(
 
 enum Class {
     Kept,
-    /// Hop-by-hop, or a forwarding header hoist writes itself.
+    /// Hop-by-hop, a forwarding header hoist writes itself, or a `_`
+    /// spelling of one of those or of a framing header.
     Dropped,
     /// The request goes to hyper.
     Unsure,
@@ -191,6 +192,7 @@ fn classify(name: &str) -> Class {
         17 if is("x-forwarded-proto") => Class::Dropped,
         18 if is("proxy-authenticate") => Class::Dropped,
         19 if is("proxy-authorization") => Class::Dropped,
+        _ if super::folded_names::is_underscore_alias(name) => Class::Dropped,
         _ => Class::Kept,
     }
 }
@@ -385,7 +387,8 @@ mod tests {
         let (head, fields) = direct(
             "GET / HTTP/1.1\r\nHost: a\r\nProxy-Authorization: x\r\nX-Real-IP: 1.2.3.4\r\n\
              Forwarded: for=1.2.3.4\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: evil\r\n\
-             Proxy-Connection: keep-alive\r\nCookie: a=1\r\n\r\n",
+             Proxy-Connection: keep-alive\r\nCookie: a=1\r\nX_Forwarded_For: 6.6.6.6\r\n\
+             Content_Length: 5\r\nTransfer_Encoding: chunked\r\nX_Request_Id: 7\r\n\r\n",
         )
         .unwrap();
         let kept: Vec<&str> = fields
@@ -394,6 +397,10 @@ mod tests {
             .filter(|(i, _)| head.kept.contains(*i))
             .map(|(_, (name, _))| name.as_str())
             .collect();
-        assert_eq!(kept, ["Cookie"], "Host is written normalised");
+        assert_eq!(
+            kept,
+            ["Cookie", "X_Request_Id"],
+            "Host is written normalised; `_` spellings of guarded names stay behind"
+        );
     }
 }

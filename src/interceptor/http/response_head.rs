@@ -187,6 +187,7 @@ fn final_or_interim(
             chunked || status == 204 || std::mem::replace(&mut wrote_length, true)
         } else {
             is_hop_by_hop(name)
+                || super::folded_names::is_underscore_alias(name)
                 || named
                     .iter()
                     .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
