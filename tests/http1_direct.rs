@@ -649,3 +649,59 @@ async fn an_apps_connection_option_cannot_take_the_length_away() {
     assert_eq!(reader.response(&mut client, false).await.1, "ok");
     hoist.stop().await.unwrap();
 }
+
+/// A head of `length` bytes in all, padded by one field.
+fn padded_get(length: usize) -> String {
+    let start = "GET /a HTTP/1.1\r\nHost: web.test\r\nX-Pad: ";
+    let end = "\r\n\r\n";
+    format!(
+        "{start}{}{end}",
+        "a".repeat(length - start.len() - end.len())
+    )
+}
+
+/// A request head past `max_header_bytes` gets hyper's 431 even when the
+/// direct path reads it whole: here its last bytes come after the buffer
+/// grew for its first ones, which used to bring the whole head in at once.
+#[tokio::test]
+async fn every_request_head_is_held_to_max_header_bytes() {
+    let app = ScriptedApp::start(&[]).await;
+    let mut settings = proxying_to(app.addr);
+    settings.interceptor.max_header_bytes = 8192;
+    let hoist = Hoist::start_with(settings).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client.write_all(GET.as_bytes()).await.unwrap();
+    assert_eq!(reader.response(&mut client, false).await.1, "ok");
+    let long = padded_get(9000);
+    client.write_all(&long.as_bytes()[..8100]).await.unwrap();
+    // Lets hoist read the first part, so the rest lands in one read.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client.write_all(&long.as_bytes()[8100..]).await.unwrap();
+    let (head, _) = reader.response(&mut client, false).await;
+    assert_eq!(status(&head), 431, "{head}");
+    assert_eq!(
+        app.requests().len(),
+        1,
+        "the long head never reached the app"
+    );
+    hoist.stop().await.unwrap();
+}
+
+/// A response head past the 128 KiB cap is a 502 whether it came in
+/// pieces or whole.
+#[tokio::test]
+async fn every_response_head_is_held_to_its_cap() {
+    let long: &'static str = Box::leak(
+        format!(
+            "HTTP/1.1 200 OK\r\nX-Pad: {}\r\nContent-Length: 2\r\n\r\nok",
+            "a".repeat(140_000)
+        )
+        .into_boxed_str(),
+    );
+    let (_app, hoist, mut client, mut reader) = through_hoist(&[Reply::Send(long)]).await;
+    client.write_all(GET.as_bytes()).await.unwrap();
+    let (head, _) = reader.response(&mut client, false).await;
+    assert_eq!(status(&head), 502, "{head}");
+    hoist.stop().await.unwrap();
+}
