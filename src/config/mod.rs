@@ -838,6 +838,7 @@ password = { file = "/var/run/secrets/redis/password" }
             ("[interceptor]\nmax_held_per_route = 0\n".to_string(), "interceptor.max_held_per_route"),
             ("[interceptor]\nmax_connections = 0\n".to_string(), "interceptor.max_connections"),
             ("[interceptor]\nidle_timeout = \"0s\"\n".to_string(), "interceptor.idle_timeout"),
+            ("[interceptor]\nsend_timeout = \"0s\"\n".to_string(), "interceptor.send_timeout"),
             ("[interceptor]\nfirst_byte_timeout = \"2h\"\n".to_string(), "interceptor.first_byte_timeout"),
             ("[interceptor]\nmax_header_bytes = 100\n".to_string(), "interceptor.max_header_bytes"),
             ("[interceptor]\nhttp2_max_concurrent_streams = 0\n".to_string(), "interceptor.http2_max_concurrent_streams"),

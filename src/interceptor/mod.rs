@@ -107,6 +107,8 @@ pub struct Routes {
     listeners: Mutex<Vec<Arc<ConnectionLimit>>>,
     /// HTTP connections the direct path handed to hyper, by why.
     http_handovers: http::Handovers,
+    /// HTTP client connections closed by `send_timeout`.
+    send_timeouts: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Routes {
@@ -117,7 +119,13 @@ impl Routes {
             version: watch::Sender::new(0),
             listeners: Mutex::new(Vec::new()),
             http_handovers: http::Handovers::default(),
+            send_timeouts: Arc::default(),
         }
+    }
+
+    /// Counts the HTTP client connections `send_timeout` closed.
+    pub(crate) fn send_timeouts(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.send_timeouts.clone()
     }
 
     /// The table in force now.

@@ -187,6 +187,7 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ClientLimits {
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
+    pub send_timeout: Duration,
     pub max_header_bytes: usize,
     pub http2_max_concurrent_streams: u32,
     pub http2_keepalive_interval: Duration,
@@ -201,6 +202,7 @@ impl From<&crate::config::InterceptorSettings> for ClientLimits {
         Self {
             first_byte_timeout: settings.first_byte_timeout,
             idle_timeout: settings.idle_timeout,
+            send_timeout: settings.send_timeout,
             max_header_bytes: settings.max_header_bytes,
             http2_max_concurrent_streams: settings.http2_max_concurrent_streams,
             http2_keepalive_interval: settings.http2_keepalive_interval,
@@ -251,7 +253,8 @@ pub async fn serve(
                 activity.clone(),
                 current.first_byte_timeout,
                 current.idle_timeout,
-            ),
+            )
+            .with_send_timeout(current.send_timeout, routes.send_timeouts()),
             activity,
             // Built once per connection, not once per request.
             peer: Arc::new(Peer::new(peer, &current)),
