@@ -289,7 +289,7 @@ async fn chunked_responses_are_framed_again_without_extensions_or_trailers() {
 }
 
 #[tokio::test]
-async fn responses_to_head_have_no_body_and_keep_both_connections() {
+async fn responses_to_head_have_no_body_and_keep_the_clients_connection() {
     let app =
         ScriptedApp::start(&[Reply::Send("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")]).await;
     let hoist = Hoist::start_with(proxying_to(app.addr)).await;
@@ -303,7 +303,8 @@ async fn responses_to_head_have_no_body_and_keep_both_connections() {
     assert_eq!(field(&head, "content-length").as_deref(), Some("5"));
     client.write_all(GET.as_bytes()).await.unwrap();
     assert_eq!(reader.response(&mut client, false).await.1, "ok");
-    assert_eq!(app.connections(), 1);
+    // The app's connection could still bring a body it owes HEAD.
+    assert_eq!(app.connections(), 2);
     hoist.stop().await.unwrap();
 }
 
@@ -760,4 +761,75 @@ async fn send_timeouts(hoist: &Hoist) -> u64 {
         .lines()
         .find_map(|line| line.strip_prefix("hoist_interceptor_http_send_timeouts_total "))
         .map_or(0, |value| value.trim().parse().unwrap())
+}
+
+/// An app that answers HEAD, and 204 / 304 with a length, without a body,
+/// then writes that body late: first thing on the next request of the
+/// same connection, before that request's answer.
+async fn late_body_app() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut reader = Reader::default();
+                let mut owed = false;
+                while let Some(head) = reader.head(&mut stream).await {
+                    if std::mem::take(&mut owed) {
+                        stream.write_all(b"stray").await.unwrap();
+                    }
+                    let answer: &[u8] = if head.starts_with("HEAD ") {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+                    } else if head.starts_with("GET /204 ") {
+                        b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"
+                    } else if head.starts_with("GET /304 ") {
+                        b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                    };
+                    owed = !answer.ends_with(b"ok");
+                    stream.write_all(answer).await.unwrap();
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A body an app owes a HEAD, 204 or 304 and writes late would be read as
+/// the answer to the next request on that app connection: such a
+/// connection is not used again.
+#[tokio::test]
+async fn an_app_connection_that_may_owe_a_body_is_not_used_again() {
+    let hoist = Hoist::start_with(proxying_to(late_body_app().await)).await;
+    // `TE` hands the connection to hyper's path from its first request.
+    for path in ["", "TE: trailers\r\n"] {
+        let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+        let mut reader = Reader::default();
+        for first in ["HEAD /a", "GET /204", "GET /304"] {
+            let first = format!("{first} HTTP/1.1\r\nHost: web.test\r\n{path}\r\n");
+            client.write_all(first.as_bytes()).await.unwrap();
+            // None of them has a body, whatever length it names.
+            let (head, _) = reader.response(&mut client, true).await;
+            assert!(status(&head) < 400, "{first}: {head}");
+            client.write_all(GET.as_bytes()).await.unwrap();
+            let (head, body) = reader.response(&mut client, false).await;
+            assert_eq!((status(&head), body.as_str()), (200, "ok"), "after {first}");
+        }
+    }
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn connect_is_answered_405_by_hoist() {
+    let (app, hoist, mut client, mut reader) = through_hoist(&[]).await;
+    client
+        .write_all(b"CONNECT web.test:80 HTTP/1.1\r\nHost: web.test:80\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, _) = reader.response(&mut client, false).await;
+    assert_eq!(status(&head), 405, "{head}");
+    assert!(field(&head, "allow").is_some(), "{head}");
+    assert!(app.requests().is_empty(), "{:?}", app.requests());
+    hoist.stop().await.unwrap();
 }

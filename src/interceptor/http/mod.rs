@@ -451,6 +451,20 @@ async fn proxy(
     peer: &Peer,
     mut request: Request<Incoming>,
 ) -> Response<ProxyBody> {
+    // hoist is no forward proxy: a tunnel to a host of the client's
+    // choosing is not for an app to be asked (it got `CONNECT /`).
+    if request.method() == http::Method::CONNECT {
+        let mut response = Answer::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "hoist interceptor: CONNECT is not served\n".to_string(),
+        )
+        .response();
+        response.headers_mut().insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE"),
+        );
+        return response;
+    }
     let authority = match request_host(&request) {
         Ok(authority) => authority,
         Err(reason) => {
