@@ -43,6 +43,9 @@ use crate::routing::RouteSpec;
 use counters::RouteCounters;
 pub use http::ClientLimits;
 use http::HttpRouter;
+/// The direct HTTP/1.1 path's parsers, for the fuzz targets.
+#[doc(hidden)]
+pub use http::fuzz as http_fuzz;
 use table::{RouteControl, RouteDefaults};
 
 /// One route as the counters' readers see it.

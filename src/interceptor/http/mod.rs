@@ -9,6 +9,8 @@
 mod direct;
 mod direct_pool;
 mod folded_names;
+#[doc(hidden)]
+pub mod fuzz;
 mod host;
 mod replay;
 mod request_head;
