@@ -725,3 +725,222 @@ async fn a_vanished_http2_client_is_found_by_pings_and_its_hold_released() {
     .await;
     held.abort();
 }
+
+/// An HTTP/1.1 app answering with the `Host` and `X-Forwarded-Host` it got.
+async fn hosts_echo() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
+                let header = |name: &str| {
+                    let values: Vec<_> = request
+                        .headers()
+                        .get_all(name)
+                        .iter()
+                        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+                        .collect();
+                    values.join("|")
+                };
+                let text = format!("host={} xfh={}", header("host"), header("x-forwarded-host"));
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(text))))
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// `Host: app.example:@evil.example` was routed to app.example's route by
+/// what precedes the last `:`, and the app read host `evil.example` in
+/// what it got. Every value that is not one host is a 400, on the direct
+/// path and hyper's, over HTTP/1.1 and HTTP/2; the app gets the host
+/// hoist routed by, normalised.
+#[tokio::test]
+async fn a_request_names_one_host_and_the_app_gets_it_normalised() {
+    let hoist = Hoist::start_with(web_to(hosts_echo().await)).await;
+    let proxy = hoist.http_proxy.unwrap();
+    let refused = [
+        "Host: web.test:@evil.example",
+        "Host: web.test:80@evil.example",
+        "Host: user@web.test",
+        "Host: web.test:80x",
+        "Host: web.test:80:80",
+        "Host: web.test/evil",
+        "Host: web.test%zz",
+    ];
+    for host in refused {
+        // Alone (hyper's path)...
+        let answer = exchange(
+            proxy,
+            format!("GET / HTTP/1.1\r\n{host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{host}: {answer}");
+        // ...and after a request the direct path served.
+        let answer = exchange(
+            proxy,
+            format!(
+                "GET / HTTP/1.1\r\nHost: web.test\r\n\r\nGET / HTTP/1.1\r\n{host}\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{host}: {answer}");
+        assert!(
+            answer.contains("HTTP/1.1 400"),
+            "{host} after a direct request: {answer}"
+        );
+    }
+    for target in ["http://web.test:@evil.example/", "http://web.test:80x/"] {
+        let answer = exchange(
+            proxy,
+            format!("GET {target} HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{target}: {answer}");
+    }
+    // What the app gets: the routed host, lower case, port as a number,
+    // on both paths.
+    for (request, expected) in [
+        (
+            "GET / HTTP/1.1\r\nHost: WEB.Test.:0080\r\nConnection: close\r\n\r\n",
+            "host=web.test:80 xfh=web.test:80",
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: web.test\r\nX-Forwarded-Host: evil.example\r\nConnection: close\r\n\r\n",
+            "host=web.test xfh=web.test",
+        ),
+        (
+            "GET http://Web.Test:8080/ HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n",
+            "host=web.test:8080 xfh=web.test:8080",
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: Web.Test\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+            "host=web.test xfh=web.test",
+        ),
+    ] {
+        let answer = exchange(proxy, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{request}: {answer}");
+        assert!(answer.ends_with(expected), "{request}: {answer}");
+    }
+
+    // HTTP/2: `:authority` is read the same way.
+    let stream = TcpStream::connect(proxy).await.unwrap();
+    let (client, connection) = h2::client::handshake(stream).await.unwrap();
+    tokio::spawn(connection);
+    let h2_status = |authority: &'static str| {
+        let client = client.clone();
+        async move {
+            let mut client = client.ready().await.unwrap();
+            let request = Request::builder()
+                .uri(format!("http://{authority}/"))
+                .body(())
+                .unwrap();
+            let (response, _) = client.send_request(request, true).unwrap();
+            let response = response.await.unwrap();
+            let status = response.status().as_u16();
+            let mut body = response.into_body();
+            let mut text = Vec::new();
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.unwrap();
+                let _ = body.flow_control().release_capacity(chunk.len());
+                text.extend_from_slice(&chunk);
+            }
+            (status, String::from_utf8_lossy(&text).into_owned())
+        }
+    };
+    let (status, body) = h2_status("web.test:@evil.example").await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = h2_status("user@web.test").await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = h2_status("WEB.test:8080").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "host=web.test:8080 xfh=web.test:8080")
+    );
+}
+
+/// An HTTP/1.1 app answering with every field it got, a line each.
+async fn fields_echo() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
+                let text: String = request
+                    .headers()
+                    .iter()
+                    .map(|(name, value)| {
+                        format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes()))
+                    })
+                    .collect();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(text))))
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// CGI-style servers read `X_Forwarded_For` as `X-Forwarded-For` and
+/// merge the client's value with hoist's: the `_` spellings of forwarding,
+/// framing and hop-by-hop fields stay behind on both paths, even from a
+/// trusted proxy; other names with `_` pass.
+#[tokio::test]
+async fn underscore_spellings_of_hoists_own_fields_never_reach_the_app() {
+    let app = fields_echo().await;
+    for trusted in [false, true] {
+        let mut settings = web_to(app);
+        if trusted {
+            settings.interceptor.trusted_proxies = vec!["127.0.0.1".into()];
+        }
+        let hoist = Hoist::start_with(settings).await;
+        let proxy = hoist.http_proxy.unwrap();
+        // `TE` sends the second request to hyper's path.
+        for (path, extra) in [("direct", ""), ("hyper", "TE: trailers\r\n")] {
+            let request = format!(
+                "GET / HTTP/1.1\r\nHost: web.test\r\n{extra}X_Forwarded_For: 6.6.6.6\r\n\
+                 X_Real_IP: 6.6.6.6\r\nX_Forwarded_Proto: https\r\nX_Forwarded_Host: evil.example\r\n\
+                 Content_Length: 5\r\nTransfer_Encoding: chunked\r\nKeep_Alive: 1\r\n\
+                 X_Request_Id: 7\r\nConnection: close\r\n\r\n"
+            );
+            let answer = exchange(proxy, request.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+            let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+            let names: Vec<&str> = body
+                .lines()
+                .filter_map(|line| line.split_once(':').map(|(name, _)| name))
+                .collect();
+            for folded in [
+                "x_forwarded_for",
+                "x_real_ip",
+                "x_forwarded_proto",
+                "x_forwarded_host",
+                "content_length",
+                "transfer_encoding",
+                "keep_alive",
+            ] {
+                assert!(
+                    !names.contains(&folded),
+                    "{path}, trusted {trusted}: {body}"
+                );
+            }
+            assert!(names.contains(&"x_request_id"), "{path}: {body}");
+            assert!(
+                !body.contains("6.6.6.6"),
+                "{path}, trusted {trusted}: {body}"
+            );
+        }
+        hoist.stop().await.unwrap();
+    }
+}

@@ -1548,3 +1548,83 @@ fn memory_limits_hold_what_the_config_admits() {
         &load_ok("keda-values", in_values),
     );
 }
+
+/// Split mode without tls.admin: the interceptors would take their route
+/// table over plain HTTP from whoever answers as hoist's admin Service.
+/// By default the chart makes the admin port a certificate of its own
+/// (a CA and a certificate for <fullname>.<namespace>.svc) and the
+/// interceptors check it; `routeTableTLS: none` is plain, by choice.
+#[test]
+fn split_interceptors_check_who_serves_the_route_table_by_default() {
+    use base64::Engine;
+    let docs = render_with("interceptor:\n  mode: split\n");
+    check_consistency("split defaults", &docs);
+    let secret = named(&docs, "Secret", "hoist-admin-tls");
+    assert_eq!(secret["type"].as_str(), Some("kubernetes.io/tls"));
+    let dir = tempfile::tempdir().unwrap();
+    for key in ["tls.crt", "tls.key", "ca.crt"] {
+        let encoded = secret["data"][key].as_str().expect(key);
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap();
+        std::fs::write(dir.path().join(key), pem).unwrap();
+    }
+    let scaler = load_ok(
+        "scaler",
+        config_text(&docs, named(&docs, "Deployment", "hoist")),
+    );
+    let served = scaler.admin.tls.expect("hoist's admin port serves TLS");
+    let (volume, inside) = volume_holding(
+        named(&docs, "Deployment", "hoist"),
+        served.cert_file.to_str().unwrap(),
+    );
+    assert_eq!(
+        volume["secret"]["secretName"].as_str(),
+        Some("hoist-admin-tls")
+    );
+    assert_eq!(inside, "tls.crt");
+    let interceptor = named(&docs, "Deployment", "hoist-interceptor");
+    let (_, proxies) = split_interceptor("interceptor.toml", config_text(&docs, interceptor));
+    let follow: hoist::config::ClientTlsSettings =
+        proxies.unwrap()["tls"].clone().try_into().unwrap();
+    assert_eq!(follow.server_name.as_deref(), Some("hoist.keda.svc"));
+    let (volume, inside) = volume_holding(interceptor, follow.ca_file.to_str().unwrap());
+    assert_eq!(
+        volume["secret"]["secretName"].as_str(),
+        Some("hoist-admin-tls")
+    );
+    assert_eq!(inside, "ca.crt");
+    // What the chart made loads as hoist loads it, on both ends.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let files = hoist::config::TlsSettings {
+            cert_file: dir.path().join("tls.crt"),
+            key_file: dir.path().join("tls.key"),
+            ..served.clone()
+        };
+        hoist::tls::admin_acceptor(&files, cancel.clone()).expect("hoist serves the certificate");
+        let checking = hoist::config::ClientTlsSettings {
+            ca_file: dir.path().join("ca.crt"),
+            ..follow.clone()
+        };
+        hoist::tls::ClientTls::new(&checking).expect("the interceptors check against the CA");
+        cancel.cancel();
+    });
+
+    let plain = render_with("interceptor:\n  mode: split\n  routeTableTLS: none\n");
+    check_consistency("split, plain route table", &plain);
+    assert!(
+        !plain
+            .iter()
+            .any(|doc| doc["kind"].as_str() == Some("Secret")
+                && doc["metadata"]["name"].as_str() == Some("hoist-admin-tls")),
+        "no certificate made"
+    );
+    let interceptor = named(&plain, "Deployment", "hoist-interceptor");
+    let (_, proxies) = split_interceptor("interceptor.toml", config_text(&plain, interceptor));
+    assert!(proxies.unwrap().get("tls").is_none(), "plain by choice");
+}

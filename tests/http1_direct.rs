@@ -289,7 +289,7 @@ async fn chunked_responses_are_framed_again_without_extensions_or_trailers() {
 }
 
 #[tokio::test]
-async fn responses_to_head_have_no_body_and_keep_both_connections() {
+async fn responses_to_head_have_no_body_and_keep_the_clients_connection() {
     let app =
         ScriptedApp::start(&[Reply::Send("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")]).await;
     let hoist = Hoist::start_with(proxying_to(app.addr)).await;
@@ -303,7 +303,8 @@ async fn responses_to_head_have_no_body_and_keep_both_connections() {
     assert_eq!(field(&head, "content-length").as_deref(), Some("5"));
     client.write_all(GET.as_bytes()).await.unwrap();
     assert_eq!(reader.response(&mut client, false).await.1, "ok");
-    assert_eq!(app.connections(), 1);
+    // The app's connection could still bring a body it owes HEAD.
+    assert_eq!(app.connections(), 2);
     hoist.stop().await.unwrap();
 }
 
@@ -647,5 +648,188 @@ async fn an_apps_connection_option_cannot_take_the_length_away() {
     );
     assert_eq!(body, "hello");
     assert_eq!(reader.response(&mut client, false).await.1, "ok");
+    hoist.stop().await.unwrap();
+}
+
+/// A head of `length` bytes in all, padded by one field.
+fn padded_get(length: usize) -> String {
+    let start = "GET /a HTTP/1.1\r\nHost: web.test\r\nX-Pad: ";
+    let end = "\r\n\r\n";
+    format!(
+        "{start}{}{end}",
+        "a".repeat(length - start.len() - end.len())
+    )
+}
+
+/// A request head past `max_header_bytes` gets hyper's 431 even when the
+/// direct path reads it whole: here its last bytes come after the buffer
+/// grew for its first ones, which used to bring the whole head in at once.
+#[tokio::test]
+async fn every_request_head_is_held_to_max_header_bytes() {
+    let app = ScriptedApp::start(&[]).await;
+    let mut settings = proxying_to(app.addr);
+    settings.interceptor.max_header_bytes = 8192;
+    let hoist = Hoist::start_with(settings).await;
+    let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let mut reader = Reader::default();
+    client.write_all(GET.as_bytes()).await.unwrap();
+    assert_eq!(reader.response(&mut client, false).await.1, "ok");
+    let long = padded_get(9000);
+    client.write_all(&long.as_bytes()[..8100]).await.unwrap();
+    // Lets hoist read the first part, so the rest lands in one read.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client.write_all(&long.as_bytes()[8100..]).await.unwrap();
+    let (head, _) = reader.response(&mut client, false).await;
+    assert_eq!(status(&head), 431, "{head}");
+    assert_eq!(
+        app.requests().len(),
+        1,
+        "the long head never reached the app"
+    );
+    hoist.stop().await.unwrap();
+}
+
+/// A response head past the 128 KiB cap is a 502 whether it came in
+/// pieces or whole.
+#[tokio::test]
+async fn every_response_head_is_held_to_its_cap() {
+    let long: &'static str = Box::leak(
+        format!(
+            "HTTP/1.1 200 OK\r\nX-Pad: {}\r\nContent-Length: 2\r\n\r\nok",
+            "a".repeat(140_000)
+        )
+        .into_boxed_str(),
+    );
+    let (_app, hoist, mut client, mut reader) = through_hoist(&[Reply::Send(long)]).await;
+    client.write_all(GET.as_bytes()).await.unwrap();
+    let (head, _) = reader.response(&mut client, false).await;
+    assert_eq!(status(&head), 502, "{head}");
+    hoist.stop().await.unwrap();
+}
+
+/// `interceptor.send_timeout`: a client that reads nothing of a large
+/// answer is let go, on the direct path and hyper's, its place in the
+/// counts given back, and counted.
+#[tokio::test]
+async fn a_client_that_reads_nothing_is_let_go_after_send_timeout() {
+    // More than every socket buffer between hoist and the client holds.
+    let big: &'static str = Box::leak(
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {0}\r\n\r\n{1}",
+            32 << 20,
+            "a".repeat(32 << 20)
+        )
+        .into_boxed_str(),
+    );
+    let app = ScriptedApp::start(&[Reply::Send(big), Reply::Send(big)]).await;
+    let mut settings = proxying_to(app.addr);
+    settings.interceptor.send_timeout = Duration::from_secs(1);
+    let hoist = Hoist::start_with(settings).await;
+    let proxy = hoist.http_proxy.unwrap();
+    // `TE` sends the second connection's request to hyper's path.
+    let mut clients = Vec::new();
+    for (round, request) in [
+        GET,
+        "GET /a HTTP/1.1\r\nHost: web.test\r\nTE: trailers\r\n\r\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut client = TcpStream::connect(proxy).await.unwrap();
+        client.write_all(request.as_bytes()).await.unwrap();
+        let expected = round as u64 + 1;
+        eventually(PATIENCE, "the connection timed out", || async {
+            send_timeouts(&hoist).await == expected
+        })
+        .await;
+        assert_eq!(in_flight(&hoist).await, 0, "its place is given back");
+        clients.push(client);
+    }
+    // What was buffered, then the end: hoist closed them.
+    for mut client in clients {
+        let mut sink = Vec::new();
+        let ended = tokio::time::timeout(PATIENCE, client.read_to_end(&mut sink)).await;
+        assert!(ended.is_ok(), "the connection is closed");
+        assert!(sink.len() < (32 << 20), "the answer was cut off");
+    }
+    hoist.stop().await.unwrap();
+}
+
+async fn send_timeouts(hoist: &Hoist) -> u64 {
+    let (_, metrics) = hoist.get("/metrics").await;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("hoist_interceptor_http_send_timeouts_total "))
+        .map_or(0, |value| value.trim().parse().unwrap())
+}
+
+/// An app that answers HEAD, and 204 / 304 with a length, without a body,
+/// then writes that body late: first thing on the next request of the
+/// same connection, before that request's answer.
+async fn late_body_app() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut reader = Reader::default();
+                let mut owed = false;
+                while let Some(head) = reader.head(&mut stream).await {
+                    if std::mem::take(&mut owed) {
+                        stream.write_all(b"stray").await.unwrap();
+                    }
+                    let answer: &[u8] = if head.starts_with("HEAD ") {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+                    } else if head.starts_with("GET /204 ") {
+                        b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"
+                    } else if head.starts_with("GET /304 ") {
+                        b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                    };
+                    owed = !answer.ends_with(b"ok");
+                    stream.write_all(answer).await.unwrap();
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A body an app owes a HEAD, 204 or 304 and writes late would be read as
+/// the answer to the next request on that app connection: such a
+/// connection is not used again.
+#[tokio::test]
+async fn an_app_connection_that_may_owe_a_body_is_not_used_again() {
+    let hoist = Hoist::start_with(proxying_to(late_body_app().await)).await;
+    // `TE` hands the connection to hyper's path from its first request.
+    for path in ["", "TE: trailers\r\n"] {
+        let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+        let mut reader = Reader::default();
+        for first in ["HEAD /a", "GET /204", "GET /304"] {
+            let first = format!("{first} HTTP/1.1\r\nHost: web.test\r\n{path}\r\n");
+            client.write_all(first.as_bytes()).await.unwrap();
+            // None of them has a body, whatever length it names.
+            let (head, _) = reader.response(&mut client, true).await;
+            assert!(status(&head) < 400, "{first}: {head}");
+            client.write_all(GET.as_bytes()).await.unwrap();
+            let (head, body) = reader.response(&mut client, false).await;
+            assert_eq!((status(&head), body.as_str()), (200, "ok"), "after {first}");
+        }
+    }
+    hoist.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn connect_is_answered_405_by_hoist() {
+    let (app, hoist, mut client, mut reader) = through_hoist(&[]).await;
+    client
+        .write_all(b"CONNECT web.test:80 HTTP/1.1\r\nHost: web.test:80\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, _) = reader.response(&mut client, false).await;
+    assert_eq!(status(&head), 405, "{head}");
+    assert!(field(&head, "allow").is_some(), "{head}");
+    assert!(app.requests().is_empty(), "{:?}", app.requests());
     hoist.stop().await.unwrap();
 }

@@ -45,6 +45,10 @@ pub struct InterceptorSettings {
     /// ended): idle keep-alive, a silent HTTP/2 preface or SETTINGS.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// A client connection whose writes wait this long for it to read
+    /// (no byte taken) is closed, its requests' places given back.
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
     /// Most bytes of request headers (HTTP/1.1: the whole head; HTTP/2:
     /// the header list); more get a 431.
     pub max_header_bytes: usize,
@@ -175,6 +179,8 @@ impl Default for InterceptorSettings {
             max_held_per_route: 1000,
             first_byte_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
+            // nginx's send_timeout.
+            send_timeout: Duration::from_secs(60),
             max_header_bytes: 64 * 1024,
             max_connections: 10_000,
             max_connections_per_client: None,
@@ -360,6 +366,7 @@ impl InterceptorSettings {
             ("interceptor.response_timeout", self.response_timeout),
             ("interceptor.first_byte_timeout", self.first_byte_timeout),
             ("interceptor.idle_timeout", self.idle_timeout),
+            ("interceptor.send_timeout", self.send_timeout),
             (
                 "interceptor.http2_keepalive_interval",
                 self.http2_keepalive_interval,

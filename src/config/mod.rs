@@ -199,6 +199,9 @@ pub struct LimitSettings {
     pub max_metadata_bytes: usize,
     /// Most triggers tracked at once; more get `ResourceExhausted`.
     pub max_tracked_triggers: usize,
+    /// Most triggers tracked at once for the ScaledObjects of one
+    /// namespace: one namespace cannot take every place.
+    pub max_tracked_triggers_per_namespace: usize,
     /// Most metadata bytes (as `max_metadata_bytes` counts them) of every
     /// tracked trigger together; a new trigger past it gets
     /// `ResourceExhausted`.
@@ -213,6 +216,8 @@ impl Default for LimitSettings {
         Self {
             max_metadata_bytes: 64 * 1024,
             max_tracked_triggers: 100_000,
+            // A tenth: ten busy namespaces fill hoist, one does not.
+            max_tracked_triggers_per_namespace: 10_000,
             // Each tracked byte costs about three in memory: ~200 MiB.
             max_tracked_metadata_bytes: 64 * 1024 * 1024,
             allowed_sources: Vec::new(),
@@ -388,6 +393,12 @@ impl Settings {
                 }
                 .to_string(),
                 reason: "must be at most one hour".to_string(),
+            });
+        }
+        if self.limits.max_tracked_triggers_per_namespace == 0 {
+            return Err(ConfigError::Invalid {
+                key: "limits.max_tracked_triggers_per_namespace".to_string(),
+                reason: "must be at least 1".to_string(),
             });
         }
         if self.limits.max_tracked_metadata_bytes < self.limits.max_metadata_bytes {
@@ -827,6 +838,7 @@ password = { file = "/var/run/secrets/redis/password" }
             ("[interceptor]\nmax_held_per_route = 0\n".to_string(), "interceptor.max_held_per_route"),
             ("[interceptor]\nmax_connections = 0\n".to_string(), "interceptor.max_connections"),
             ("[interceptor]\nidle_timeout = \"0s\"\n".to_string(), "interceptor.idle_timeout"),
+            ("[interceptor]\nsend_timeout = \"0s\"\n".to_string(), "interceptor.send_timeout"),
             ("[interceptor]\nfirst_byte_timeout = \"2h\"\n".to_string(), "interceptor.first_byte_timeout"),
             ("[interceptor]\nmax_header_bytes = 100\n".to_string(), "interceptor.max_header_bytes"),
             ("[interceptor]\nhttp2_max_concurrent_streams = 0\n".to_string(), "interceptor.http2_max_concurrent_streams"),
@@ -835,6 +847,7 @@ password = { file = "/var/run/secrets/redis/password" }
             ("[shutdown]\ndrain_delay = \"2h\"\n".to_string(), "shutdown.drain_delay"),
             ("[shutdown]\ngrace = \"2h\"\n".to_string(), "shutdown.grace"),
             ("[limits]\nmax_tracked_metadata_bytes = 10\n".to_string(), "limits.max_tracked_metadata_bytes"),
+            ("[limits]\nmax_tracked_triggers_per_namespace = 0\n".to_string(), "limits.max_tracked_triggers_per_namespace"),
             ("[interceptor]\ndenied_networks = [\"10.0.0.0/33\"]\n".to_string(), "interceptor.denied_networks"),
             ("[interceptor]\ntrusted_proxies = [\"self\"]\n".to_string(), "interceptor.trusted_proxies"),
         ];

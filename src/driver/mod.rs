@@ -50,6 +50,8 @@ pub struct DriverSettings {
     pub idle_after: Duration,
     pub max_metadata_bytes: usize,
     pub max_tracked_triggers: usize,
+    /// Most triggers tracked at once for the ScaledObjects of one namespace.
+    pub max_tracked_triggers_per_namespace: usize,
     /// Metadata bytes of every tracked trigger together, at most.
     pub max_tracked_metadata_bytes: usize,
     /// Empty: every source is allowed.
@@ -80,6 +82,7 @@ impl DriverSettings {
             idle_after: settings.polling.idle_after,
             max_metadata_bytes: settings.limits.max_metadata_bytes,
             max_tracked_triggers: settings.limits.max_tracked_triggers,
+            max_tracked_triggers_per_namespace: settings.limits.max_tracked_triggers_per_namespace,
             max_tracked_metadata_bytes: settings.limits.max_tracked_metadata_bytes,
             allowed_sources: settings
                 .limits
@@ -108,6 +111,7 @@ impl DriverSettings {
             idle_after,
             max_metadata_bytes: usize::MAX,
             max_tracked_triggers: usize::MAX,
+            max_tracked_triggers_per_namespace: usize::MAX,
             max_tracked_metadata_bytes: usize::MAX,
             allowed_sources: Vec::new(),
             context: Default::default(),
@@ -129,9 +133,33 @@ pub enum TrackError {
     )]
     MetadataTooLarge { size: usize, limit: usize },
     #[error(
-        "hoist already tracks {limit} triggers (limits.max_tracked_triggers); idle ones are dropped after polling.idle_after"
+        "ScaledObject {namespace}/{name}: hoist already tracks {limit} triggers (limits.max_tracked_triggers); idle ones are dropped after polling.idle_after"
     )]
-    TooManyTriggers { limit: usize },
+    TooManyTriggers {
+        namespace: String,
+        name: String,
+        limit: usize,
+    },
+    #[error(
+        "ScaledObject {namespace}/{name}: hoist already tracks {limit} triggers in namespace {namespace} (limits.max_tracked_triggers_per_namespace); idle ones are dropped after polling.idle_after"
+    )]
+    TooManyInNamespace {
+        namespace: String,
+        name: String,
+        limit: usize,
+    },
+    /// Values of `FromEnv` keys are the caller's word: a new one takes the
+    /// trigger over only once the old one is no longer asked, which
+    /// KEDA's own calls keep doing while they carry it.
+    #[error(
+        "ScaledObject {namespace}/{name}: this trigger is tracked already with other values of its `FromEnv` keys, asked {asked_ago:?} ago; one trigger of a ScaledObject is one tracked trigger (the limit), and new values replace the old only once those go unasked for {quiet:?}"
+    )]
+    TriggerHeld {
+        namespace: String,
+        name: String,
+        asked_ago: Duration,
+        quiet: Duration,
+    },
     #[error(
         "the triggers hoist tracks already hold {limit} bytes of metadata (limits.max_tracked_metadata_bytes); idle ones are dropped after polling.idle_after"
     )]
@@ -290,6 +318,22 @@ impl TriggerKey {
         prefix
     }
 
+    /// Which trigger of its ScaledObject this is, whatever its `FromEnv`
+    /// values: the identity without those keys (KEDA leaves one out when
+    /// its variable is unset). None when it has none: the identity is
+    /// the slot.
+    fn slot(&self) -> Option<Vec<u8>> {
+        if !self.metadata().any(|(name, _)| is_from_env(name)) {
+            return None;
+        }
+        let mut slot = Self::object_prefix(&self.namespace, &self.name);
+        for (name, value) in self.metadata().filter(|(name, _)| !is_from_env(name)) {
+            push_length_prefixed(&mut slot, name);
+            push_length_prefixed(&mut slot, value);
+        }
+        Some(slot)
+    }
+
     /// Namespace, name and sorted metadata, each length-prefixed.
     fn identity(&self) -> &[u8] {
         &self.identity
@@ -325,6 +369,10 @@ impl TriggerKey {
             .map(|(key, value)| (key.to_string(), value.to_string()))
             .collect()
     }
+}
+
+fn is_from_env(key: &str) -> bool {
+    key.ends_with("FromEnv")
 }
 
 /// Length-prefixed: no two different keys share an identity, and a
@@ -464,6 +512,25 @@ impl Tracked {
         let last = self.last_streamed_ms.load(Ordering::Relaxed);
         let now = self.epoch.elapsed().as_millis() as u64;
         last != 0 && now.saturating_sub(last) < PUSHED_LATELY.as_millis() as u64
+    }
+
+    /// The refusal of `key`, this trigger with other `FromEnv` values,
+    /// while this one is still asked: streamed, or asked within two of
+    /// its polls and an HPA sync (KEDA asks at every poll, the HPA every
+    /// 15 s while the target runs). A forged value therefore never takes
+    /// the place of the one KEDA keeps asking, and an engine never swaps
+    /// between them; a real change (the scale target's environment
+    /// edited) takes over once KEDA asks only the new value.
+    fn held_against(&self, key: &TriggerKey, now: Instant) -> Option<TrackError> {
+        let quiet = self.interval() * 2 + Duration::from_millis(HPA_SYNC_MILLIS);
+        let asked_ago = self.idle_for(now);
+        let streamed = self.open_streams.load(Ordering::Relaxed) > 0;
+        (streamed || asked_ago < quiet).then(|| TrackError::TriggerHeld {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            asked_ago,
+            quiet,
+        })
     }
 
     fn idle_for(&self, now: Instant) -> Duration {
@@ -637,8 +704,25 @@ impl Driver {
                 limit: settings.max_metadata_bytes,
             });
         }
-        if self.read_triggers().len() >= settings.max_tracked_triggers {
+        // Checked before anything is parsed or asked of the cluster: a
+        // forged `FromEnv` value costs a lookup.
+        let replaces = {
+            let triggers = self.read_triggers();
+            match triggers.holder_of_slot(&key) {
+                Some(holder) => {
+                    if let Some(refusal) = holder.held_against(&key, Instant::now()) {
+                        return Err(refusal);
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        // A trigger taking its own old values' place adds none.
+        if !replaces && self.read_triggers().len() >= settings.max_tracked_triggers {
             return Err(TrackError::TooManyTriggers {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
                 limit: settings.max_tracked_triggers,
             });
         }
@@ -681,11 +765,10 @@ impl Driver {
         }
         let identity = key.identity.clone();
         self.track_with_credentials(key, config, credentials)
-            .map_err(|error| {
+            .inspect_err(|_| {
                 if let (Some(spec), Some(routes)) = (&declared, &self.inner.routes) {
                     routes.release(&identity, &spec.name);
                 }
-                TrackError::from(error)
             })
     }
 
@@ -836,7 +919,7 @@ impl Driver {
         &self,
         key: TriggerKey,
         config: TriggerConfig,
-    ) -> Result<Arc<Tracked>, MetadataError> {
+    ) -> Result<Arc<Tracked>, TrackError> {
         self.track_with_credentials(key, config, None)
     }
 
@@ -845,7 +928,7 @@ impl Driver {
         key: TriggerKey,
         mut config: TriggerConfig,
         credentials: Option<(AuthenticationRef, String)>,
-    ) -> Result<Arc<Tracked>, MetadataError> {
+    ) -> Result<Arc<Tracked>, TrackError> {
         let mut triggers = self
             .inner
             .triggers
@@ -855,6 +938,27 @@ impl Driver {
             // Another request parsed the same trigger meanwhile.
             tracked.touch();
             return Ok(tracked.clone());
+        }
+        if let Some(holder) = triggers.holder_of_slot(&key).cloned() {
+            if let Some(refusal) = holder.held_against(&key, Instant::now()) {
+                return Err(refusal);
+            }
+            info!(namespace = %key.namespace, scaled_object = %key.name, "the trigger's FromEnv values changed and the old ones are no longer asked: replacing the old trigger");
+            self.forget(&mut triggers, &holder.key);
+        } else {
+            // Under the lock: calls racing past it cannot overfill a namespace.
+            let limit = self
+                .inner
+                .settings
+                .load()
+                .max_tracked_triggers_per_namespace;
+            if triggers.in_namespace(&key.namespace) >= limit {
+                return Err(TrackError::TooManyInNamespace {
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                    limit,
+                });
+            }
         }
         let scaling = match &config.scaling_mode {
             ScalingMode::Passthrough => None,

@@ -21,6 +21,15 @@ pub(super) struct Triggers {
     /// from ScaledObjects cannot be chosen to collide) instead of SipHash.
     by_identity: HashMap<Arc<[u8]>, Arc<Tracked>, foldhash::quality::RandomState>,
     ordered: BTreeSet<Arc<[u8]>>,
+    /// The slot (see `TriggerKey::slot`) of each trigger with a `FromEnv`
+    /// key, and the identity holding it. Any caller may send any value
+    /// for those keys, so without this one ScaledObject could be tracked
+    /// once per value sent. Triggers without one hold the slot that is
+    /// their identity, found in `by_identity`.
+    slots: HashMap<Box<[u8]>, Arc<[u8]>, foldhash::quality::RandomState>,
+    /// Tracked triggers per namespace, for
+    /// `limits.max_tracked_triggers_per_namespace`.
+    per_namespace: HashMap<String, usize, foldhash::quality::RandomState>,
 }
 
 impl Triggers {
@@ -32,18 +41,60 @@ impl Triggers {
         self.by_identity.len()
     }
 
+    pub(super) fn in_namespace(&self, namespace: &str) -> usize {
+        self.per_namespace.get(namespace).copied().unwrap_or(0)
+    }
+
     pub(super) fn values(&self) -> impl Iterator<Item = &Arc<Tracked>> {
         self.by_identity.values()
     }
 
+    /// The tracked trigger that is `key`'s trigger with other `FromEnv`
+    /// values (or with such a key left out, as KEDA does when the
+    /// variable is unset), if any.
+    pub(super) fn holder_of_slot(&self, key: &super::TriggerKey) -> Option<&Arc<Tracked>> {
+        let slot = key.slot();
+        let slot_bytes = slot.as_deref().unwrap_or(key.identity());
+        let holder = match self.slots.get(slot_bytes) {
+            Some(identity) => self.by_identity.get(identity),
+            // The slot's trigger sent no `FromEnv` key: its identity.
+            None if slot.is_some() => self.by_identity.get(slot_bytes),
+            None => None,
+        };
+        holder.filter(|tracked| tracked.key.identity() != key.identity())
+    }
+
     pub(super) fn insert(&mut self, identity: Arc<[u8]>, tracked: Arc<Tracked>) {
+        if let Some(slot) = tracked.key.slot() {
+            self.slots.insert(slot.into(), identity.clone());
+        }
+        *self
+            .per_namespace
+            .entry(tracked.key.namespace.clone())
+            .or_default() += 1;
         self.ordered.insert(identity.clone());
         self.by_identity.insert(identity, tracked);
     }
 
     pub(super) fn remove(&mut self, identity: &[u8]) -> Option<Arc<Tracked>> {
         self.ordered.remove(identity);
-        self.by_identity.remove(identity)
+        let tracked = self.by_identity.remove(identity)?;
+        if let Some(slot) = tracked.key.slot()
+            && self
+                .slots
+                .get(&slot[..])
+                .is_some_and(|held| &held[..] == identity)
+        {
+            self.slots.remove(&slot[..]);
+        }
+        let namespace = &tracked.key.namespace;
+        if let Some(count) = self.per_namespace.get_mut(namespace) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_namespace.remove(namespace);
+            }
+        }
+        Some(tracked)
     }
 
     /// The triggers of ScaledObject `namespace/name`.

@@ -681,3 +681,149 @@ async fn the_first_read_of_a_new_trigger_waits_a_second_at_most_and_the_measurem
     tracked.current().await;
     assert_eq!(started.elapsed(), Duration::from_millis(300));
 }
+
+fn from_env_key(name: &str, address: Option<&str>) -> TriggerKey {
+    let mut metadata = HashMap::from([("listName".to_string(), "jobs".to_string())]);
+    if let Some(address) = address {
+        metadata.insert("addressFromEnv".to_string(), address.to_string());
+    }
+    TriggerKey::new("default".into(), name.into(), metadata)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trigger_is_tracked_once_whatever_its_from_env_values() {
+    let driver = driver(Duration::from_secs(3600));
+    let source = Arc::new(Counter::default());
+    let real = from_env_key("app", Some("redis-a:6379"));
+    let tracked = driver
+        .track_parsed(real.clone(), config(&source, "real", 30))
+        .unwrap();
+    // Forged values (and the key left out) while KEDA asks the real one:
+    // refused, naming the ScaledObject; no trigger, no poller added.
+    for index in 0..50 {
+        let forged = from_env_key("app", Some(&format!("evil-{index}:6379")));
+        let query = format!("forged-{index}");
+        let error = driver
+            .track_parsed(forged, config(&source, &query, 30))
+            .err()
+            .expect("a forged value is refused");
+        assert!(matches!(error, TrackError::TriggerHeld { .. }), "{error}");
+        assert!(error.to_string().contains("default/app"), "{error}");
+    }
+    let without = driver.track_parsed(from_env_key("app", None), config(&source, "unset", 30));
+    assert!(matches!(without, Err(TrackError::TriggerHeld { .. })));
+    assert_eq!((driver.tracked().len(), driver.poller_count()), (1, 1));
+    // KEDA keeps asking the real value: it keeps its place.
+    for _ in 0..4 {
+        advance(Duration::from_secs(30)).await;
+        assert!(driver.lookup(&real).unwrap().is_some());
+        let forged = from_env_key("app", Some("evil:6379"));
+        assert!(
+            driver
+                .track_parsed(forged, config(&source, "forged", 30))
+                .is_err()
+        );
+    }
+    // The environment changed: KEDA asks only the new value; once the old
+    // one goes unasked for two polls and an HPA sync it is replaced.
+    advance(Duration::from_secs(76)).await;
+    let moved = from_env_key("app", Some("redis-b:6379"));
+    let new = driver
+        .track_parsed(moved.clone(), config(&source, "moved", 30))
+        .unwrap();
+    assert_eq!((driver.tracked().len(), driver.poller_count()), (1, 1));
+    assert!(driver.lookup(&real).unwrap().is_none());
+    assert!(!Arc::ptr_eq(&new, &tracked));
+    // Another ScaledObject's trigger is its own.
+    driver
+        .track_parsed(
+            from_env_key("other", Some("x:1")),
+            config(&source, "other", 30),
+        )
+        .unwrap();
+    assert_eq!(driver.tracked().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_namespace_holds_at_most_its_share_of_tracked_triggers() {
+    let driver = Driver::new(
+        DriverSettings {
+            max_tracked_triggers_per_namespace: 2,
+            ..DriverSettings::unlimited(
+                Defaults {
+                    polling_interval: Duration::from_secs(30),
+                    timeout: Duration::from_secs(3),
+                },
+                Duration::from_secs(3600),
+            )
+        },
+        AuthProfiles::default(),
+        Arc::new(Metrics::new()),
+        CancellationToken::new(),
+    );
+    let source = Arc::new(Counter::default());
+    let in_namespace = |namespace: &str, name: &str| {
+        TriggerKey::new(namespace.into(), name.into(), HashMap::new())
+    };
+    let track = |key: TriggerKey| {
+        let query = format!("{}-{}", key.namespace, key.name);
+        driver.track_parsed(key, config(&source, &query, 30))
+    };
+    track(in_namespace("a", "one")).unwrap();
+    track(in_namespace("a", "two")).unwrap();
+    let refused = track(in_namespace("a", "three"))
+        .err()
+        .expect("past the share");
+    assert!(matches!(
+        refused,
+        TrackError::TooManyInNamespace { limit: 2, .. }
+    ));
+    let message = refused.to_string();
+    assert!(message.contains("a/three"), "{message}");
+    assert!(
+        message.contains("limits.max_tracked_triggers_per_namespace"),
+        "{message}"
+    );
+    track(in_namespace("b", "one")).expect("another namespace has its own share");
+    // A place given back is a place again.
+    driver.revoke(&[in_namespace("a", "one")], "test");
+    track(in_namespace("a", "three")).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forged_from_env_value_never_moves_an_engines_inputs() {
+    let driver = driver(Duration::from_secs(3600));
+    let rules = crate::engine::Rules {
+        max_replica_count: 20,
+        ..Default::default()
+    };
+    let real_source = Arc::new(Gauge::default());
+    real_source.set(50.0);
+    let real = from_env_key("worker", Some("redis-a:6379"));
+    let tracked = driver
+        .track_parsed(
+            real.clone(),
+            engine_config(real_source, "queue", rules.clone()),
+        )
+        .unwrap();
+    assert_eq!(tracked.decision().await.unwrap().replicas, 1);
+    let forged_source = Arc::new(Gauge::default());
+    forged_source.set(0.0);
+    let forged = driver.track_parsed(
+        from_env_key("worker", Some("evil:6379")),
+        engine_config(forged_source, "queue", rules),
+    );
+    assert!(matches!(forged, Err(TrackError::TriggerHeld { .. })));
+    let still = driver
+        .lookup(&real)
+        .unwrap()
+        .expect("the real trigger stays");
+    assert!(Arc::ptr_eq(&still, &tracked));
+    assert_eq!(driver.tracked().len(), 1);
+    advance(Duration::from_millis(30_010)).await;
+    assert_eq!(
+        tracked.decision().await.unwrap().replicas,
+        4,
+        "still the real queue"
+    );
+}

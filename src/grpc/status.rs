@@ -100,6 +100,7 @@ impl RpcError {
             RpcError::Track(
                 TrackError::MetadataTooLarge { .. }
                 | TrackError::TooManyTriggers { .. }
+                | TrackError::TooManyInNamespace { .. }
                 | TrackError::MetadataBudget { .. },
             ) => Code::ResourceExhausted,
             RpcError::Track(
@@ -109,6 +110,7 @@ impl RpcError {
                 RouteError::Taken { .. } | RouteError::Unservable { .. },
             )) => Code::InvalidArgument,
             RpcError::Track(TrackError::Route(RouteError::Pending { .. }))
+            | RpcError::Track(TrackError::TriggerHeld { .. })
             | RpcError::SourceFailing { .. }
             | RpcError::NoReadingYet { .. }
             | RpcError::NoDecisionYet { .. }
@@ -151,8 +153,26 @@ mod tests {
             namespace: "shop".into(),
         }));
         assert_eq!(borrowed.code(), Code::PermissionDenied);
-        let crowded = RpcError::from(TrackError::TooManyTriggers { limit: 3 });
+        let crowded = RpcError::from(TrackError::TooManyTriggers {
+            namespace: "ns".into(),
+            name: "app".into(),
+            limit: 3,
+        });
         assert_eq!(crowded.code(), Code::ResourceExhausted);
+        let namespace_full = RpcError::from(TrackError::TooManyInNamespace {
+            namespace: "ns".into(),
+            name: "app".into(),
+            limit: 3,
+        });
+        assert_eq!(namespace_full.code(), Code::ResourceExhausted);
+        // Transient: KEDA's next call with the new value may take over.
+        let held = RpcError::from(TrackError::TriggerHeld {
+            namespace: "ns".into(),
+            name: "app".into(),
+            asked_ago: std::time::Duration::from_secs(1),
+            quiet: std::time::Duration::from_secs(75),
+        });
+        assert_eq!(held.code(), Code::Unavailable);
         let refused = RpcError::from(TrackError::SourceNotAllowed {
             endpoint: "evil:6379".into(),
         });

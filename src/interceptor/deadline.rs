@@ -3,6 +3,13 @@
 //! SETTINGS, or keeps a connection idle, or trickles bytes without ever
 //! completing a request, is cut off instead of holding a descriptor
 //! forever. hyper has no such deadline of its own for these cases.
+//!
+//! And a deadline on its writes (`send_timeout`): a client that reads
+//! nothing of an answer would otherwise keep the app's connection and
+//! its requests' places in the counts (the `concurrency` a route reports,
+//! so a scale-up) for as long as it likes. Like nginx's `send_timeout`,
+//! it bounds each wait for the client to take bytes, not the whole answer:
+//! a slow reader that keeps reading is served.
 
 use std::io;
 use std::pin::Pin;
@@ -74,6 +81,18 @@ pub struct Deadlines<T> {
     idle: Duration,
     got_bytes: bool,
     timer: Pin<Box<Sleep>>,
+    send: Option<SendDeadline>,
+}
+
+/// The write side's deadline: armed when a write waits, disarmed by any
+/// write that goes through.
+struct SendDeadline {
+    timeout: Duration,
+    /// Connections it closed, for the metric.
+    fired: Arc<AtomicU64>,
+    /// Set while a write waits: when that wait began counts.
+    timer: Option<Pin<Box<Sleep>>>,
+    waiting: bool,
 }
 
 impl<T> Deadlines<T> {
@@ -86,7 +105,58 @@ impl<T> Deadlines<T> {
             idle,
             got_bytes: false,
             timer: Box::pin(tokio::time::sleep_until(first)),
+            send: None,
         }
+    }
+
+    /// Fails a write that waited `timeout` for the client to read, counting
+    /// it in `fired`.
+    pub fn with_send_timeout(mut self, timeout: Duration, fired: Arc<AtomicU64>) -> Self {
+        self.send = Some(SendDeadline {
+            timeout,
+            fired,
+            timer: None,
+            waiting: false,
+        });
+        self
+    }
+
+    /// After a write (or flush) returned `result`: a write that went
+    /// through disarms the deadline, one that waits arms it (from the
+    /// start of the wait) and fails once it passed.
+    fn send_deadline<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        let Some(send) = &mut self.send else {
+            return result;
+        };
+        if result.is_ready() {
+            send.waiting = false;
+            return result;
+        }
+        let now = Instant::now();
+        if !send.waiting {
+            send.waiting = true;
+            let at = now + send.timeout;
+            match &mut send.timer {
+                Some(timer) => timer.as_mut().reset(at),
+                None => send.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+        }
+        let Some(timer) = &mut send.timer else {
+            return result;
+        };
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        send.waiting = false;
+        send.fired.fetch_add(1, Ordering::Relaxed);
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the client read nothing for the interceptor's send_timeout",
+        )))
     }
 
     /// The connection itself (to see whether the client left).
@@ -161,7 +231,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deadlines<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.send_deadline(cx, written)
     }
 
     fn poll_write_vectored(
@@ -169,7 +240,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deadlines<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.send_deadline(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -177,10 +249,69 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deadlines<T> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let flushed = Pin::new(&mut self.io).poll_flush(cx);
+        self.send_deadline(cx, flushed)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn sending(
+        capacity: usize,
+    ) -> (
+        Deadlines<tokio::io::DuplexStream>,
+        tokio::io::DuplexStream,
+        Arc<AtomicU64>,
+    ) {
+        let (ours, theirs) = tokio::io::duplex(capacity);
+        // Only written to: the read side's deadlines never run.
+        let activity = Activity::new();
+        let fired = Arc::new(AtomicU64::new(0));
+        let stream = Deadlines::new(
+            ours,
+            activity,
+            Duration::from_secs(10),
+            Duration::from_secs(30),
+        )
+        .with_send_timeout(Duration::from_secs(60), fired.clone());
+        (stream, theirs, fired)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_reads_nothing_for_send_timeout_is_let_go() {
+        let (mut stream, _client, fired) = sending(1024);
+        let started = Instant::now();
+        let error = stream
+            .write_all(&[0; 64 * 1024])
+            .await
+            .expect_err("the client never reads");
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(60));
+        assert_eq!(fired.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_that_keeps_reading_is_served() {
+        let (mut stream, mut client, fired) = sending(1024);
+        let reader = tokio::spawn(async move {
+            let mut taken = 0;
+            let mut chunk = [0; 512];
+            while taken < 16 * 1024 {
+                // Less than send_timeout between reads, 30 reads in all:
+                // far longer than send_timeout altogether.
+                tokio::time::sleep(Duration::from_secs(50)).await;
+                taken += client.read(&mut chunk).await.unwrap();
+            }
+        });
+        stream.write_all(&[0; 16 * 1024]).await.unwrap();
+        reader.await.unwrap();
+        assert_eq!(fired.load(Ordering::Relaxed), 0);
     }
 }

@@ -136,6 +136,7 @@ impl Http1Pool {
         mut request: Request<Incoming>,
         deadline: Instant,
     ) -> Result<Response<PooledBody>, SendError> {
+        let head_request = request.method() == http::Method::HEAD;
         loop {
             let (mut connection, reused) = match self.checkout().await {
                 Some(connection) => (connection, true),
@@ -163,9 +164,21 @@ impl Http1Pool {
             };
             match answer {
                 Ok(response) => {
+                    // A body the app owes but hoist does not read (to HEAD;
+                    // a 204 or 304 with a length) could come late, and be
+                    // read as the next request's answer: such a
+                    // connection closes with this response.
+                    let status = response.status().as_u16();
+                    let framed = response
+                        .headers()
+                        .contains_key(http::header::CONTENT_LENGTH)
+                        || response
+                            .headers()
+                            .contains_key(http::header::TRANSFER_ENCODING);
+                    let late_body = head_request || (matches!(status, 204 | 304) && framed);
                     return Ok(response.map(|body| PooledBody {
                         body,
-                        connection: Some(connection),
+                        connection: (!late_body).then_some(connection),
                         pool: self.clone(),
                     }));
                 }

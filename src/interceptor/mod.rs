@@ -43,6 +43,9 @@ use crate::routing::RouteSpec;
 use counters::RouteCounters;
 pub use http::ClientLimits;
 use http::HttpRouter;
+/// The direct HTTP/1.1 path's parsers, for the fuzz targets.
+#[doc(hidden)]
+pub use http::fuzz as http_fuzz;
 use table::{RouteControl, RouteDefaults};
 
 /// One route as the counters' readers see it.
@@ -107,6 +110,8 @@ pub struct Routes {
     listeners: Mutex<Vec<Arc<ConnectionLimit>>>,
     /// HTTP connections the direct path handed to hyper, by why.
     http_handovers: http::Handovers,
+    /// HTTP client connections closed by `send_timeout`.
+    send_timeouts: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Routes {
@@ -117,7 +122,13 @@ impl Routes {
             version: watch::Sender::new(0),
             listeners: Mutex::new(Vec::new()),
             http_handovers: http::Handovers::default(),
+            send_timeouts: Arc::default(),
         }
+    }
+
+    /// Counts the HTTP client connections `send_timeout` closed.
+    pub(crate) fn send_timeouts(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.send_timeouts.clone()
     }
 
     /// The table in force now.

@@ -175,6 +175,18 @@ impl prometheus_client::collector::Collector for RouteTraffic {
             ConstCounter::new(self.0.http_handovers.total(why))
                 .encode(handed.encode_family(&labels)?)?;
         }
+        let send_timeouts = encoder.encode_descriptor(
+            "hoist_interceptor_http_send_timeouts",
+            "HTTP client connections closed because the client read nothing of what hoist was sending for interceptor.send_timeout (their requests' places given back)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(
+            self.0
+                .send_timeouts
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+        .encode(send_timeouts)?;
         Ok(())
     }
 }

@@ -131,6 +131,12 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
         (Reading::Fallback, _) => return Step::Fallback(Handover::Shape),
         (Reading::Direct(head), fields) => (head, fields),
     };
+    // A head read whole in one go (a buffer grown while it was partial,
+    // or bytes read ahead behind the last request) is held to the same
+    // limit: hyper answers it 431.
+    if head.length > client.max_header_bytes {
+        return Step::Fallback(Handover::LongHead);
+    }
     // A body still on its way is hyper's to stream.
     let Some(length) = usize::try_from(head.content_length)
         .ok()
@@ -296,12 +302,27 @@ impl Exchange {
             loop {
                 if !self.upstream_in.is_empty() {
                     self.client_out.clear();
-                    match response_head::read(
+                    let reading = response_head::read(
                         &self.upstream_in,
                         request.head,
                         close,
                         &mut self.client_out,
-                    ) {
+                    );
+                    // Complete or not, a head is held to the cap: a read
+                    // into a grown buffer can bring a whole long one.
+                    let too_long = match &reading {
+                        ResponseReading::Final(head) => head.length > MAX_RESPONSE_HEAD,
+                        ResponseReading::Interim(length) => *length > MAX_RESPONSE_HEAD,
+                        ResponseReading::Partial => self.upstream_in.len() > MAX_RESPONSE_HEAD,
+                        ResponseReading::Bad(_) => false,
+                    };
+                    if too_long {
+                        return Err(Answer::upstream_failure(
+                            &route.name,
+                            &"the app's response head is too long",
+                        ));
+                    }
+                    match reading {
                         ResponseReading::Final(head) => return Ok((upstream, head)),
                         ResponseReading::Interim(length) => {
                             self.upstream_in.advance(length);
@@ -309,12 +330,6 @@ impl Exchange {
                         }
                         ResponseReading::Bad(reason) => {
                             return Err(Answer::upstream_failure(&route.name, &reason));
-                        }
-                        ResponseReading::Partial if self.upstream_in.len() > MAX_RESPONSE_HEAD => {
-                            return Err(Answer::upstream_failure(
-                                &route.name,
-                                &"the app's response head is too long",
-                            ));
                         }
                         ResponseReading::Partial => {}
                     }

@@ -8,6 +8,10 @@
 
 mod direct;
 mod direct_pool;
+mod folded_names;
+#[doc(hidden)]
+pub mod fuzz;
+mod host;
 mod replay;
 mod request_head;
 mod response_head;
@@ -185,6 +189,7 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ClientLimits {
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,
+    pub send_timeout: Duration,
     pub max_header_bytes: usize,
     pub http2_max_concurrent_streams: u32,
     pub http2_keepalive_interval: Duration,
@@ -199,6 +204,7 @@ impl From<&crate::config::InterceptorSettings> for ClientLimits {
         Self {
             first_byte_timeout: settings.first_byte_timeout,
             idle_timeout: settings.idle_timeout,
+            send_timeout: settings.send_timeout,
             max_header_bytes: settings.max_header_bytes,
             http2_max_concurrent_streams: settings.http2_max_concurrent_streams,
             http2_keepalive_interval: settings.http2_keepalive_interval,
@@ -249,7 +255,8 @@ pub async fn serve(
                 activity.clone(),
                 current.first_byte_timeout,
                 current.idle_timeout,
-            ),
+            )
+            .with_send_timeout(current.send_timeout, routes.send_timeouts()),
             activity,
             // Built once per connection, not once per request.
             peer: Arc::new(Peer::new(peer, &current)),
@@ -446,8 +453,22 @@ async fn proxy(
     peer: &Peer,
     mut request: Request<Incoming>,
 ) -> Response<ProxyBody> {
-    let host = match request_host(&request) {
-        Ok(host) => host,
+    // hoist is no forward proxy: a tunnel to a host of the client's
+    // choosing is not for an app to be asked (it got `CONNECT /`).
+    if request.method() == http::Method::CONNECT {
+        let mut response = Answer::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "hoist interceptor: CONNECT is not served\n".to_string(),
+        )
+        .response();
+        response.headers_mut().insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS, TRACE"),
+        );
+        return response;
+    }
+    let authority = match request_host(&request) {
+        Ok(authority) => authority,
         Err(reason) => {
             return Answer::new(
                 StatusCode::BAD_REQUEST,
@@ -467,6 +488,10 @@ async fn proxy(
             .response();
         }
     };
+    let host = authority.host;
+    let normalised = (!host.is_empty())
+        .then(|| HeaderValue::from_bytes(&authority.normalised()).ok())
+        .flatten();
     let route = routes.current().http.find(host, &path).cloned();
     let Some(route) = route else {
         return Answer::new(
@@ -485,22 +510,13 @@ async fn proxy(
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
 
     let (mut parts, body) = request.into_parts();
-    if (client_version < Version::HTTP_2 || !parts.headers.contains_key(header::HOST))
-        && !route.upstream_http2
-        && let Some(authority) = parts.uri.authority()
-        && let Ok(value) = HeaderValue::from_str(authority.as_str())
-    {
-        // An HTTP/2 client may name the host in the URI only; an HTTP/1.1
-        // absolute-form target replaces `Host` (RFC 9112 §3.2.2).
-        parts.headers.insert(header::HOST, value);
+    // The app gets the host hoist routed by, normalised: an HTTP/2
+    // client may name it in `:authority` only, and an HTTP/1.1
+    // absolute-form target replaces `Host` (RFC 9112 §3.2.2).
+    if let Some(value) = &normalised {
+        parts.headers.insert(header::HOST, value.clone());
     }
-    // What the client asked for as host, for `X-Forwarded-Host`.
-    let forwarded_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-        parts
-            .uri
-            .authority()
-            .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok())
-    });
+    let forwarded_host = normalised;
     let pooled = !route.upstream_http2 && client_upgrade.is_none();
     let mut uri = std::mem::take(&mut parts.uri).into_parts();
     if let Some(path) = rewritten {
@@ -771,20 +787,25 @@ fn join_cookies(headers: &mut HeaderMap) {
     }
 }
 
-/// The host a request is for, as sent (any case), without a port: an
-/// HTTP/1.1 absolute-form target's authority, else the one `Host` header,
-/// else HTTP/2's `:authority`. Several `Host` headers, or none in
-/// HTTP/1.1, is a bad request (RFC 9112 §3.2).
-fn request_host<B>(request: &Request<B>) -> Result<&str, &'static str> {
+/// The host a request is for (see `host`): an HTTP/1.1 absolute-form
+/// target's authority, else the one `Host` header, else HTTP/2's
+/// `:authority`. Several `Host` headers, or none in HTTP/1.1, is a bad
+/// request (RFC 9112 §3.2), and so is any value that is not one host.
+fn request_host<B>(request: &Request<B>) -> Result<host::Authority<'_>, String> {
     let mut hosts = request.headers().get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
-        return Err("more than one Host header");
+        return Err("more than one Host header".to_string());
     }
-    let authority = request.uri().authority().map(|a| strip_port(a.as_str()));
+    let in_target = request
+        .uri()
+        .authority()
+        .map(|authority| host::Authority::parse(authority.as_str().as_bytes()))
+        .transpose()
+        .map_err(|error| format!("the request target's authority: {error}"))?;
     let version = request.version();
     if version < Version::HTTP_2
-        && let Some(authority) = authority
+        && let Some(authority) = in_target
     {
         return Ok(authority);
     }
@@ -797,26 +818,17 @@ fn request_host<B>(request: &Request<B>) -> Result<&str, &'static str> {
             .as_bytes()
             .eq_ignore_ascii_case(authority.as_str().as_bytes())
     {
-        return Err("the Host header differs from :authority");
+        return Err("the Host header differs from :authority".to_string());
     }
     match host {
-        Some(value) => value
-            .to_str()
-            .map(strip_port)
-            .map_err(|_| "the Host header is not text"),
-        None if version == Version::HTTP_11 => Err("no Host header"),
-        None => Ok(authority.unwrap_or("")),
+        Some(value) => host::Authority::parse(value.as_bytes())
+            .map_err(|error| format!("the Host header: {error}")),
+        None if version == Version::HTTP_11 => Err("no Host header".to_string()),
+        None => Ok(in_target.unwrap_or(host::Authority {
+            host: "",
+            port: None,
+        })),
     }
-}
-
-fn strip_port(authority: &str) -> &str {
-    if authority.starts_with('[') {
-        // [v6]:port
-        return authority.split_inclusive(']').next().unwrap_or(authority);
-    }
-    authority
-        .rsplit_once(':')
-        .map_or(authority, |(host, _)| host)
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to, if any.
@@ -833,12 +845,26 @@ fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are
 /// not forwarded, except what an upgrade needs and `TE: trailers` (gRPC).
+/// Nor are `_` spellings of those, of framing and of forwarding headers
+/// (see `folded_names`).
 /// `Trailer` is end to end: HTTP/1.1 only sends the trailers it declares.
 fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
     // Most messages carry none of them: one pass over the few names the
     // message has (comparisons, no hashing), nothing to remove.
-    if upgrade.is_none() && !headers.keys().any(|name| is_hop_by_hop(name.as_str())) {
+    if upgrade.is_none()
+        && !headers.keys().any(|name| {
+            is_hop_by_hop(name.as_str()) || folded_names::is_underscore_alias(name.as_str())
+        })
+    {
         return;
+    }
+    let aliases: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| folded_names::is_underscore_alias(name.as_str()))
+        .cloned()
+        .collect();
+    for name in aliases {
+        headers.remove(name);
     }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -1005,13 +1031,6 @@ impl tower::Service<Uri> for ColdStartConnector {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hosts_lose_their_port() {
-        assert_eq!(strip_port("web.example.com:8080"), "web.example.com");
-        assert_eq!(strip_port("web.example.com"), "web.example.com");
-        assert_eq!(strip_port("[::1]:8080"), "[::1]");
-    }
 
     #[test]
     fn hop_by_hop_headers_stay_behind_but_upgrades_and_trailers_pass() {

@@ -13,7 +13,7 @@
 
 use std::mem::MaybeUninit;
 
-use super::strip_port;
+use super::host::Authority;
 
 /// Header fields read per message, at most (hyper's default too).
 pub const MAX_HEADERS: usize = 100;
@@ -35,8 +35,9 @@ pub struct RequestHead<'b> {
     pub path: &'b str,
     /// The target's query, without its `?`.
     pub query: Option<&'b str>,
-    /// The `Host` header's value as sent (for `X-Forwarded-Host`).
-    pub host_header: &'b [u8],
+    /// The `Host` header's host and port: written upstream normalised
+    /// as `Host` and `X-Forwarded-Host`.
+    pub authority: Authority<'b>,
     /// The host without its port, any case (for routing).
     pub host: &'b str,
     pub content_length: u64,
@@ -116,10 +117,10 @@ fn check<'b>(
             Class::Dropped => {}
             Class::Unsure => return None,
             Class::Host => {
+                // Written normalised, not as sent.
                 if host_header.replace(field.value).is_some() {
                     return None;
                 }
-                kept |= 1 << index;
             }
             Class::ContentLength => {
                 if content_length.is_some() {
@@ -141,17 +142,17 @@ fn check<'b>(
             }
         }
     }
-    let host_header = host_header?;
-    let host = std::str::from_utf8(host_header).ok()?;
-    if host.is_empty() || !host.bytes().all(plain_host_byte) {
+    // Not one host: hyper's path answers 400.
+    let authority = Authority::parse(host_header?).ok()?;
+    if authority.host.is_empty() {
         return None;
     }
     Some(RequestHead {
         method,
         path,
         query,
-        host_header,
-        host: strip_port(host),
+        authority,
+        host: authority.host,
         content_length: content_length.unwrap_or(0),
         close,
         length,
@@ -161,7 +162,8 @@ fn check<'b>(
 
 enum Class {
     Kept,
-    /// Hop-by-hop, or a forwarding header hoist writes itself.
+    /// Hop-by-hop, a forwarding header hoist writes itself, or a `_`
+    /// spelling of one of those or of a framing header.
     Dropped,
     /// The request goes to hyper.
     Unsure,
@@ -190,6 +192,7 @@ fn classify(name: &str) -> Class {
         17 if is("x-forwarded-proto") => Class::Dropped,
         18 if is("proxy-authenticate") => Class::Dropped,
         19 if is("proxy-authorization") => Class::Dropped,
+        _ if super::folded_names::is_underscore_alias(name) => Class::Dropped,
         _ => Class::Kept,
     }
 }
@@ -231,11 +234,6 @@ fn plain_target_byte(byte: u8) -> bool {
         )
 }
 
-/// A host name, an IPv4 address or a bracketed IPv6 one, with a port.
-fn plain_host_byte(byte: u8) -> bool {
-    byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b':' | b'[' | b']')
-}
-
 /// The client end's forwarding headers, as written upstream.
 pub struct Forwarding<'a> {
     pub ip: &'a [u8],
@@ -259,7 +257,11 @@ pub fn write_upstream_head(
         out.push(b'?');
         out.extend_from_slice(query.as_bytes());
     }
-    out.extend_from_slice(b" HTTP/1.1\r\n");
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    let host_start = out.len();
+    head.authority.write_normalised(out);
+    let host = host_start..out.len();
+    out.extend_from_slice(b"\r\n");
     for (index, field) in fields.iter().enumerate() {
         if head.kept.contains(index) {
             field_line(out, field.name.as_bytes(), field.value);
@@ -269,8 +271,9 @@ pub fn write_upstream_head(
     field_line(out, b"x-real-ip", forwarding.ip);
     field_line(out, b"x-forwarded-proto", b"http");
     field_line(out, b"forwarded", forwarding.forwarded);
-    field_line(out, b"x-forwarded-host", head.host_header);
-    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(b"x-forwarded-host: ");
+    out.extend_from_within(host);
+    out.extend_from_slice(b"\r\n\r\n");
 }
 
 pub fn field_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -322,9 +325,9 @@ mod tests {
         write_upstream_head(&mut out, &head, "/a/b", fields, &forwarding);
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "GET /a/b?x=1 HTTP/1.1\r\nHost: Web.Example:8080\r\nAccept: */*\r\n\
+            "GET /a/b?x=1 HTTP/1.1\r\nhost: web.example:8080\r\nAccept: */*\r\n\
              x-forwarded-for: 10.0.0.9\r\nx-real-ip: 10.0.0.9\r\nx-forwarded-proto: http\r\n\
-             forwarded: for=10.0.0.9;proto=http\r\nx-forwarded-host: Web.Example:8080\r\n\r\n"
+             forwarded: for=10.0.0.9;proto=http\r\nx-forwarded-host: web.example:8080\r\n\r\n"
         );
     }
 
@@ -360,6 +363,8 @@ mod tests {
             "GET / HTTP/1.1\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: \r\n\r\n",
             "GET / HTTP/1.1\r\nHost: a b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a:@b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a:80x\r\n\r\n",
             "GET / HTTP/1.0\r\nHost: a\r\n\r\n",
             "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
             "OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
@@ -382,7 +387,8 @@ mod tests {
         let (head, fields) = direct(
             "GET / HTTP/1.1\r\nHost: a\r\nProxy-Authorization: x\r\nX-Real-IP: 1.2.3.4\r\n\
              Forwarded: for=1.2.3.4\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: evil\r\n\
-             Proxy-Connection: keep-alive\r\nCookie: a=1\r\n\r\n",
+             Proxy-Connection: keep-alive\r\nCookie: a=1\r\nX_Forwarded_For: 6.6.6.6\r\n\
+             Content_Length: 5\r\nTransfer_Encoding: chunked\r\nX_Request_Id: 7\r\n\r\n",
         )
         .unwrap();
         let kept: Vec<&str> = fields
@@ -391,6 +397,10 @@ mod tests {
             .filter(|(i, _)| head.kept.contains(*i))
             .map(|(_, (name, _))| name.as_str())
             .collect();
-        assert_eq!(kept, ["Host", "Cookie"]);
+        assert_eq!(
+            kept,
+            ["Cookie", "X_Request_Id"],
+            "Host is written normalised; `_` spellings of guarded names stay behind"
+        );
     }
 }

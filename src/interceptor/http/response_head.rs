@@ -162,9 +162,16 @@ fn final_or_interim(
     };
     let kept_open = if version == 0 { keep_alive } else { !close };
     // A length given twice over (RFC 9112 §6.3): read as chunked, and the
-    // connection not trusted with another message.
-    let reusable =
-        kept_open && framing != Framing::UntilClose && !(chunked && content_length.is_some());
+    // connection not trusted with another message. Nor after a message
+    // whose body hoist does not read although the app may send one (to
+    // HEAD; a 204 or 304 with a length): a body the app writes late would
+    // be read as the answer to the next request on the connection.
+    let stray_body_possible = request_was_head
+        || ((status == 204 || status == 304) && (content_length.is_some() || chunked));
+    let reusable = kept_open
+        && framing != Framing::UntilClose
+        && !(chunked && content_length.is_some())
+        && !stray_body_possible;
     let close_client = client_close || framing == Framing::UntilClose;
 
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -187,6 +194,7 @@ fn final_or_interim(
             chunked || status == 204 || std::mem::replace(&mut wrote_length, true)
         } else {
             is_hop_by_hop(name)
+                || super::folded_names::is_underscore_alias(name)
                 || named
                     .iter()
                     .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
@@ -440,6 +448,34 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("transfer-encoding: chunked\r\n"));
+    }
+
+    #[test]
+    fn a_connection_that_may_carry_a_late_body_is_not_used_again() {
+        for (raw, head_request, reusable) in [
+            ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true, false),
+            ("HTTP/1.1 200 OK\r\n\r\n", true, false),
+            (
+                "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
+                false,
+                false,
+            ),
+            (
+                "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+                false,
+                false,
+            ),
+            (
+                "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+                false,
+                false,
+            ),
+            ("HTTP/1.1 204 No Content\r\n\r\n", false, true),
+            ("HTTP/1.1 304 Not Modified\r\n\r\n", false, true),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", false, true),
+        ] {
+            assert_eq!(final_head(raw, head_request).0.reusable, reusable, "{raw}");
+        }
     }
 
     #[test]

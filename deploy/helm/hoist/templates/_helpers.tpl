@@ -209,6 +209,28 @@ reloaded in place. Call with the rendered config, as a dict.
 {{- toJson $kept | sha256sum -}}
 {{- end }}
 
+{{/*
+In split mode without tls.admin.secretName, and interceptor.routeTableTLS
+`generate`: the admin port serves the chart's own certificate (Secret
+<fullname>-admin-tls, admin-tls-secret.yaml), so the interceptors can
+check who serves them the route table. Sets tls.admin.secretName (and
+the `_generated` mark) once; every template that reads tls.admin calls
+it first.
+*/}}
+{{- define "hoist.adminTLSDefault" -}}
+{{- $admin := .Values.tls.admin -}}
+{{- if and (eq (include "hoist.interceptorMode" .) "split") (not $admin.secretName) -}}
+{{- $choice := .Values.interceptor.routeTableTLS | default "generate" -}}
+{{- if not (has $choice (list "generate" "none")) -}}
+{{- fail (printf "interceptor.routeTableTLS is `%s`: use generate or none" $choice) -}}
+{{- end -}}
+{{- if eq $choice "generate" -}}
+{{- $_ := set $admin "secretName" (printf "%s-admin-tls" (include "hoist.fullname" .)) -}}
+{{- $_ := set $admin "_generated" true -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
 {{/* Where an interceptor pod finds the CA of hoist's admin certificate. */}}
 {{- define "hoist.scalerCADir" -}}
 /var/run/secrets/hoist-admin-ca
@@ -222,6 +244,7 @@ certificate against the admin Secret's ca.crt for the name
 the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 */}}
 {{- define "hoist.followTLS" -}}
+{{- include "hoist.adminTLSDefault" . -}}
 {{- $admin := .Values.tls.admin -}}
 {{- if $admin.secretName -}}
 {{- $tls := dict
@@ -243,6 +266,7 @@ the port wants clients' (tls.admin.clientCA). A JSON dict; empty: plain.
 
 {{/* hoist.toml (the scaler's), as a dict encoded in JSON. */}}
 {{- define "hoist.scalerConfig" -}}
+{{- include "hoist.adminTLSDefault" . -}}
 {{- $config := deepCopy (.Values.config | default dict) -}}
 {{- /* A profile under `auth` replaces config's profile of that name whole. */ -}}
 {{- if $config.auth -}}

@@ -1,0 +1,190 @@
+//! The one host a request is for, read from `Host`, an absolute-form
+//! target or HTTP/2's `:authority`.
+//!
+//! Who sends it: any client of the proxy. hoist routes by the host and
+//! the app builds links, redirects and cache keys from what it receives;
+//! if the two read one value differently (`app.example:@evil.example` is
+//! routed as `app.example` by what precedes a `:`, and read as host
+//! `evil.example` by every URL parser) a client chooses the links another
+//! user gets. So a value is a host (RFC 3986 §3.2.2: a reg-name, an IPv4
+//! address or a bracketed IPv6 one) and an optional port of digits, and
+//! nothing else: no userinfo, no second `:`, no character outside that
+//! grammar. The app receives the host hoist routed by, normalised.
+
+use std::fmt::Write as _;
+
+/// A host and port as hoist routes by them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Authority<'a> {
+    /// As sent (any case), without the port; empty when none was sent.
+    pub host: &'a str,
+    pub port: Option<u16>,
+}
+
+/// Why a value is not one host (the answer is a 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("the host carries userinfo (`@`)")]
+    Userinfo,
+    #[error("the host's port is not a port number")]
+    Port,
+    #[error("the host has a character outside RFC 3986's host grammar")]
+    Character,
+    #[error("the host's IPv6 address is malformed")]
+    Ipv6,
+}
+
+impl<'a> Authority<'a> {
+    /// Reads `value` as `host[:port]`.
+    pub fn parse(value: &'a [u8]) -> Result<Self, HostError> {
+        if value.contains(&b'@') {
+            return Err(HostError::Userinfo);
+        }
+        let text = std::str::from_utf8(value).map_err(|_| HostError::Character)?;
+        let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+            let (address, after) = rest.split_once(']').ok_or(HostError::Ipv6)?;
+            // A zone (`%25eth0`) names an interface of the client's: no
+            // route can mean it.
+            address
+                .parse::<std::net::Ipv6Addr>()
+                .map_err(|_| HostError::Ipv6)?;
+            let port = match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':').ok_or(HostError::Port)?),
+            };
+            (&text[..address.len() + 2], port)
+        } else {
+            let (host, port) = match text.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (text, None),
+            };
+            if !reg_name(host.as_bytes()) {
+                return Err(HostError::Character);
+            }
+            (host, port)
+        };
+        Ok(Self {
+            host,
+            port: match port {
+                // `host:` is allowed by the grammar: no port.
+                None | Some("") => None,
+                Some(digits) => Some(port_number(digits)?),
+            },
+        })
+    }
+
+    /// Lower-case host without the trailing dot of a fully qualified
+    /// name (routes match it either way), and the port as a number: what
+    /// the app receives as `Host` and `X-Forwarded-Host`.
+    pub fn write_normalised(&self, out: &mut Vec<u8>) {
+        let host = self.host.strip_suffix('.').unwrap_or(self.host);
+        out.extend(host.bytes().map(|b| b.to_ascii_lowercase()));
+        if let Some(port) = self.port {
+            out.push(b':');
+            let mut digits = String::with_capacity(5);
+            let _ = write!(digits, "{port}");
+            out.extend_from_slice(digits.as_bytes());
+        }
+    }
+
+    pub fn normalised(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.host.len() + 6);
+        self.write_normalised(&mut out);
+        out
+    }
+}
+
+fn port_number(digits: &str) -> Result<u16, HostError> {
+    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(HostError::Port);
+    }
+    digits.parse().map_err(|_| HostError::Port)
+}
+
+/// RFC 3986 `reg-name`: unreserved, sub-delims and percent-encoded
+/// octets (an IPv4 address is one too).
+fn reg_name(host: &[u8]) -> bool {
+    let mut rest = host;
+    while let Some((&byte, tail)) = rest.split_first() {
+        rest = tail;
+        let allowed = byte.is_ascii_alphanumeric()
+            || matches!(
+                byte,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            );
+        if allowed {
+            continue;
+        }
+        if byte != b'%' {
+            return false;
+        }
+        match rest {
+            [a, b, tail @ ..] if a.is_ascii_hexdigit() && b.is_ascii_hexdigit() => rest = tail,
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(value: &str) -> Result<(String, Option<u16>), HostError> {
+        Authority::parse(value.as_bytes()).map(|a| (a.host.to_string(), a.port))
+    }
+
+    #[test]
+    fn a_host_and_a_port_of_digits_are_one_host() {
+        assert_eq!(
+            parsed("Web.Example:8080"),
+            Ok(("Web.Example".into(), Some(8080)))
+        );
+        assert_eq!(parsed("web.example"), Ok(("web.example".into(), None)));
+        assert_eq!(parsed("web.example:"), Ok(("web.example".into(), None)));
+        assert_eq!(parsed("10.0.0.1:80"), Ok(("10.0.0.1".into(), Some(80))));
+        assert_eq!(parsed("[::1]:8080"), Ok(("[::1]".into(), Some(8080))));
+        assert_eq!(parsed("[::1]"), Ok(("[::1]".into(), None)));
+        assert_eq!(parsed(""), Ok(("".into(), None)));
+        let normalised = Authority::parse(b"Web.EXAMPLE.:0080").unwrap().normalised();
+        assert_eq!(normalised, b"web.example:80");
+    }
+
+    #[test]
+    fn anything_a_url_parser_reads_as_another_host_is_refused() {
+        for (value, error) in [
+            ("app.example:@evil.example", HostError::Userinfo),
+            ("app.example:80@evil.example", HostError::Userinfo),
+            ("user:pass@app.example", HostError::Userinfo),
+            ("app.example:80x", HostError::Port),
+            ("app.example:80:90", HostError::Port),
+            ("app.example:65536", HostError::Port),
+            ("app.example:+80", HostError::Port),
+            ("app.example/evil", HostError::Character),
+            ("app.example\\evil", HostError::Character),
+            ("app.example#x", HostError::Character),
+            ("app.example?x", HostError::Character),
+            ("app example", HostError::Character),
+            ("app.example%zz", HostError::Character),
+            ("[::1", HostError::Ipv6),
+            ("[::1]x", HostError::Port),
+            ("[evil.example]", HostError::Ipv6),
+            ("[fe80::1%25eth0]", HostError::Ipv6),
+        ] {
+            assert_eq!(parsed(value), Err(error), "{value}");
+        }
+    }
+}
