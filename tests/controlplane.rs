@@ -874,6 +874,42 @@ spec:
     second.stop().await.unwrap();
 }
 
+/// A worker at `replicas` whose ScaledObject (with `extra` spec lines)
+/// names a hoist that is not there yet, on a Redis list of 10 jobs; the
+/// namespace, the Redis and the port hoist will answer on.
+fn before_hoist(
+    plane: &ControlPlane,
+    namespace: &str,
+    replicas: i32,
+    extra: &str,
+) -> (String, RedisServer, u16) {
+    let namespace = plane.namespace(namespace);
+    let redis = RedisServer::start();
+    redis.fill("jobs", 10);
+    let grpc = free_port();
+    plane.apply(&deployment(&namespace, "worker", replicas));
+    plane.apply(&format!(
+        r#"apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: worker, namespace: {namespace}}}
+spec:
+  scaleTargetRef: {{name: worker}}
+  pollingInterval: 1
+  maxReplicaCount: 5
+{extra}  triggers:
+  - type: external
+    metadata:
+      scalerAddress: 127.0.0.1:{grpc}
+      scaler: redis
+      address: {address}
+      listName: jobs
+      listLength: "5"
+"#,
+        address = redis.address()
+    ));
+    (namespace, redis, grpc)
+}
+
 /// kedacore/keda#5787, measured: a ScaledObject created while its external
 /// scaler is not reachable yet (hoist starting after the ScaledObject, as
 /// in a Helm install of both). KEDA's reconcile fails (`Ready` False,
@@ -885,31 +921,7 @@ spec:
 async fn a_scaledobject_made_before_hoist_gets_its_hpa_once_hoist_answers() {
     let plane = control_plane();
     let _shared = DISRUPTION.read().await;
-    let namespace = plane.namespace("late-scaler");
-    let redis = RedisServer::start();
-    redis.fill("jobs", 10);
-    let grpc = free_port();
-    plane.apply(&deployment(&namespace, "worker", 0));
-    plane.apply(&format!(
-        r#"apiVersion: keda.sh/v1alpha1
-kind: ScaledObject
-metadata: {{name: worker, namespace: {namespace}}}
-spec:
-  scaleTargetRef: {{name: worker}}
-  pollingInterval: 1
-  minReplicaCount: 0
-  maxReplicaCount: 5
-  triggers:
-  - type: external
-    metadata:
-      scalerAddress: 127.0.0.1:{grpc}
-      scaler: redis
-      address: {address}
-      listName: jobs
-      listLength: "5"
-"#,
-        address = redis.address()
-    ));
+    let (namespace, _redis, grpc) = before_hoist(plane, "late-scaler", 0, "  minReplicaCount: 0\n");
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(plane.client().await, &namespace);
     let ready = || {
         let output = plane.must(&[
@@ -965,32 +977,12 @@ spec:
 async fn fallback_never_fires_while_the_external_scaler_is_unreachable() {
     let plane = control_plane();
     let _shared = DISRUPTION.read().await;
-    let namespace = plane.namespace("no-fallback");
-    let redis = RedisServer::start();
-    redis.fill("jobs", 10);
-    let grpc = free_port();
-    plane.apply(&deployment(&namespace, "worker", 1));
-    plane.apply(&format!(
-        r#"apiVersion: keda.sh/v1alpha1
-kind: ScaledObject
-metadata: {{name: worker, namespace: {namespace}}}
-spec:
-  scaleTargetRef: {{name: worker}}
-  pollingInterval: 1
-  minReplicaCount: 1
-  maxReplicaCount: 5
-  fallback: {{failureThreshold: 2, replicas: 3}}
-  triggers:
-  - type: external
-    metadata:
-      scalerAddress: 127.0.0.1:{grpc}
-      scaler: redis
-      address: {address}
-      listName: jobs
-      listLength: "5"
-"#,
-        address = redis.address()
-    ));
+    let (namespace, _redis, grpc) = before_hoist(
+        plane,
+        "no-fallback",
+        1,
+        "  minReplicaCount: 1\n  fallback: {failureThreshold: 2, replicas: 3}\n",
+    );
     let deployments: Api<Deployment> = Api::namespaced(plane.client().await, &namespace);
     let mut seen = vec![1];
     let until = std::time::Instant::now() + Duration::from_secs(20);

@@ -107,24 +107,7 @@ fn reg_name(host: &[u8]) -> bool {
     let mut rest = host;
     while let Some((&byte, tail)) = rest.split_first() {
         rest = tail;
-        let allowed = byte.is_ascii_alphanumeric()
-            || matches!(
-                byte,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-            );
+        let allowed = unreserved_or_sub_delim(byte);
         if allowed {
             continue;
         }
@@ -137,6 +120,29 @@ fn reg_name(host: &[u8]) -> bool {
         }
     }
     true
+}
+
+/// RFC 3986's unreserved characters and sub-delims: what a host name may
+/// hold as it is, and most of what a request target may.
+pub(super) fn unreserved_or_sub_delim(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric()
+        || matches!(
+            byte,
+            b'-' | b'.'
+                | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+        )
 }
 
 #[cfg(test)]

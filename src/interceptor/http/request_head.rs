@@ -209,29 +209,7 @@ pub(super) fn digits(value: &[u8]) -> Option<u64> {
 /// sub-delims, `:`, `@`, `/`, `?` and `%` (RFC 3986). Anything else is
 /// hyper's to judge.
 fn plain_target_byte(byte: u8) -> bool {
-    byte.is_ascii_alphanumeric()
-        || matches!(
-            byte,
-            b'-' | b'.'
-                | b'_'
-                | b'~'
-                | b'!'
-                | b'$'
-                | b'&'
-                | b'\''
-                | b'('
-                | b')'
-                | b'*'
-                | b'+'
-                | b','
-                | b';'
-                | b'='
-                | b':'
-                | b'@'
-                | b'/'
-                | b'?'
-                | b'%'
-        )
+    super::host::unreserved_or_sub_delim(byte) || matches!(byte, b':' | b'@' | b'/' | b'?' | b'%')
 }
 
 /// The client end's forwarding headers, as written upstream.
