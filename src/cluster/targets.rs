@@ -32,13 +32,24 @@ pub(super) fn start(
     changes: broadcast::Sender<TargetChange>,
     cancel: &CancellationToken,
 ) {
-    watch::<Deployment>(client, "Deployment", changes.clone(), cancel.clone());
-    watch::<StatefulSet>(client, "StatefulSet", changes, cancel.clone());
+    watch::<Deployment>(
+        client,
+        ("Deployment", "deployments.apps"),
+        changes.clone(),
+        cancel.clone(),
+    );
+    watch::<StatefulSet>(
+        client,
+        ("StatefulSet", "statefulsets.apps"),
+        changes,
+        cancel.clone(),
+    );
 }
 
+/// `(kind, resource)`: the kind a change names, the resource a refusal does.
 fn watch<K>(
     client: &kube::Client,
-    kind: &'static str,
+    (kind, resource): (&'static str, &'static str),
     changes: broadcast::Sender<TargetChange>,
     cancel: CancellationToken,
 ) where
@@ -57,7 +68,7 @@ fn watch<K>(
     let generations: Mutex<HashMap<(String, String), i64>> = Mutex::new(HashMap::new());
     super::follow(
         stream,
-        resource_of(kind),
+        resource,
         " (without it, engines read their count once per interval instead of seeing outside changes at once)",
         // Nobody reads why: engines fall back to reading once per interval.
         Arc::new(Mutex::new(None)),
@@ -68,13 +79,6 @@ fn watch<K>(
             }
         },
     );
-}
-
-fn resource_of(kind: &'static str) -> &'static str {
-    match kind {
-        "StatefulSet" => "statefulsets.apps",
-        _ => "deployments.apps",
-    }
 }
 
 /// The target an event changed, when its generation moved (or it is new

@@ -40,13 +40,7 @@ pub fn request_head(bytes: &[u8]) {
     };
     assert_eq!(length, out.len(), "one head, nothing after it");
     assert_eq!(parsed.method, Some(head.method));
-    let count = |name: &str| {
-        parsed
-            .headers
-            .iter()
-            .filter(|field| field.name.eq_ignore_ascii_case(name))
-            .count()
-    };
+    let count = |name: &str| fields_named(parsed.headers, name);
     assert_eq!(count("host"), 1);
     assert!(count("content-length") <= 1);
     for hop in [
@@ -140,13 +134,7 @@ pub fn response_head(bytes: &[u8]) {
     let mut app = httparse::Response::new(&mut original);
     let _ = app.parse(input);
     assert_eq!(parsed.code, app.code);
-    let count = |name: &str| {
-        parsed
-            .headers
-            .iter()
-            .filter(|field| field.name.eq_ignore_ascii_case(name))
-            .count()
-    };
+    let count = |name: &str| fields_named(parsed.headers, name);
     let lengths = count("content-length");
     let chunked = count("transfer-encoding");
     assert!(lengths <= 1 && chunked <= 1 && lengths + chunked <= 1);
@@ -269,6 +257,14 @@ async fn hyper_reads(bytes: &[u8]) -> Vec<Seen> {
     };
     let _ = tokio::join!(connection, client);
     seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// How many of `fields` are named `name` (in any case).
+fn fields_named(fields: &[httparse::Header], name: &str) -> usize {
+    fields
+        .iter()
+        .filter(|field| field.name.eq_ignore_ascii_case(name))
+        .count()
 }
 
 #[cfg(test)]
