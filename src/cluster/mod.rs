@@ -664,6 +664,29 @@ fn describe_watch_error(resource: &str, grant: &str, error: &watcher::Error) -> 
 mod tests {
     use super::*;
 
+    type WatchError = Arc<Mutex<Option<String>>>;
+
+    /// `follow` of the ScaledObject watch over `stream`: where it keeps
+    /// the error, and what stops it.
+    fn followed<S>(stream: S) -> (WatchError, CancellationToken)
+    where
+        S: futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>>
+            + Send
+            + 'static,
+    {
+        let error = Arc::new(Mutex::new(None));
+        let cancel = CancellationToken::new();
+        follow(
+            stream,
+            "scaledobjects.keda.sh",
+            "",
+            error.clone(),
+            cancel.clone(),
+            |_| {},
+        );
+        (error, cancel)
+    }
+
     /// kube-runtime's watcher against an API server that refuses every
     /// list: `Init` (it opens each re-list), then the refusal, for good.
     /// hoist took that `Init` for recovery and reset its backoff: a list
@@ -685,16 +708,7 @@ mod tests {
                 Some((item, n + 1))
             }
         });
-        let error = Arc::new(Mutex::new(None));
-        let cancel = CancellationToken::new();
-        follow(
-            refusing,
-            "scaledobjects.keda.sh",
-            "",
-            error.clone(),
-            cancel.clone(),
-            |_| {},
-        );
+        let (error, cancel) = followed(refusing);
         tokio::time::sleep(Duration::from_secs(60)).await;
         // Lists at 0, 1, 3, 7, 15 and 31 s (waits doubling from 1 s), the
         // next at 61 s: six in the first minute, where it was sixty.
@@ -718,16 +732,7 @@ mod tests {
             Ok(watcher::Event::InitDone),
         ])
         .chain(futures::stream::pending());
-        let error = Arc::new(Mutex::new(None));
-        let cancel = CancellationToken::new();
-        follow(
-            events,
-            "scaledobjects.keda.sh",
-            "",
-            error.clone(),
-            cancel.clone(),
-            |_| {},
-        );
+        let (error, cancel) = followed(events);
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(error.lock().unwrap().is_some(), "refused, then waiting");
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -76,13 +76,13 @@ impl ControlPlane {
             admin_kubeconfig.display()
         );
         let mut plane = Self {
-            hoist_kubeconfig: dir.join("hoist.kubeconfig"),
+            hoist_kubeconfig: PathBuf::new(),
             dir,
             admin_kubeconfig,
             excused: Default::default(),
         };
         plane.install_chart_rbac();
-        plane.hoist_kubeconfig = plane.write_hoist_kubeconfig();
+        plane.hoist_kubeconfig = plane.hoist_credential("hoist.kubeconfig").0;
         plane
     }
 
@@ -193,14 +193,8 @@ impl ControlPlane {
         self.apply(&rbac.join("\n---\n"));
     }
 
-    /// A kubeconfig with a token of the chart's ServiceAccount (TokenRequest,
-    /// as a pod's projected token is made).
-    fn write_hoist_kubeconfig(&self) -> PathBuf {
-        self.hoist_credential("hoist.kubeconfig").0
-    }
-
     /// A kubeconfig named `file` with a new token of the chart's
-    /// ServiceAccount, and the token's ID, which the audit log keeps with
+    /// ServiceAccount (TokenRequest, as a pod's projected token is made), and the token's ID, which the audit log keeps with
     /// each request made with it (`authentication.kubernetes.io/credential-id`).
     pub fn hoist_credential(&self, file: &str) -> (PathBuf, String) {
         use base64::Engine;
