@@ -23,7 +23,7 @@ use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
-use support::web::{AppPort, http_route, proxying};
+use support::web::{AppPort, Upstream, full, http_route, proxying};
 use support::{Hoist, RedisServer, eventually, object};
 
 /// How long a test waits for what should happen within a second or so.
@@ -728,31 +728,24 @@ async fn a_vanished_http2_client_is_found_by_pings_and_its_hold_released() {
 
 /// An HTTP/1.1 app answering with the `Host` and `X-Forwarded-Host` it got.
 async fn hosts_echo() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
-                let header = |name: &str| {
-                    let values: Vec<_> = request
-                        .headers()
-                        .get_all(name)
-                        .iter()
-                        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
-                        .collect();
-                    values.join("|")
-                };
-                let text = format!("host={} xfh={}", header("host"), header("x-forwarded-host"));
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(text))))
-            });
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
+    let app = Upstream::start(|request: Request<Incoming>| async move {
+        let header = |name: &str| {
+            let values: Vec<_> = request
+                .headers()
+                .get_all(name)
+                .iter()
+                .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+                .collect();
+            values.join("|")
+        };
+        Response::new(full(format!(
+            "host={} xfh={}",
+            header("host"),
+            header("x-forwarded-host")
+        )))
+    })
+    .await;
+    app.addr
 }
 
 /// `Host: app.example:@evil.example` was routed to app.example's route by
@@ -868,28 +861,16 @@ async fn a_request_names_one_host_and_the_app_gets_it_normalised() {
 
 /// An HTTP/1.1 app answering with every field it got, a line each.
 async fn fields_echo() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
-                let text: String = request
-                    .headers()
-                    .iter()
-                    .map(|(name, value)| {
-                        format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes()))
-                    })
-                    .collect();
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(text))))
-            });
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
+    let app = Upstream::start(|request: Request<Incoming>| async move {
+        let text: String = request
+            .headers()
+            .iter()
+            .map(|(name, value)| format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes())))
+            .collect();
+        Response::new(full(text))
+    })
+    .await;
+    app.addr
 }
 
 /// CGI-style servers read `X_Forwarded_For` as `X-Forwarded-For` and
