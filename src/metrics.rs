@@ -79,6 +79,8 @@ pub struct Metrics {
     pub revoked_triggers: Family<ReasonLabels, Counter>,
     /// Saves of `state_file` that failed.
     pub state_save_failures: Counter,
+    /// ScaledObjects calling hoist that KEDA has not set up (no HPA).
+    pub keda_unreconciled: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -117,6 +119,7 @@ impl Metrics {
             engine_decisions: Family::default(),
             revoked_triggers: Family::default(),
             state_save_failures: Counter::default(),
+            keda_unreconciled: Gauge::default(),
         }
     }
 
@@ -165,6 +168,11 @@ impl Metrics {
             "hoist_revoked_triggers",
             "Tracked triggers stopped because they are no longer allowed (reason: cluster, reload)",
             self.revoked_triggers.clone(),
+        );
+        registry.register(
+            "hoist_keda_unreconciled_scaledobjects",
+            "ScaledObjects calling hoist that KEDA marks Ready=False/ScaledObjectCheckFailed and has made no HPA for (kedacore/keda#5787)",
+            self.keda_unreconciled.clone(),
         );
         registry.register(
             "hoist_open_streams",

@@ -96,6 +96,10 @@ pub struct KubernetesStatus {
     pub server: String,
     /// Why ScaledObjects cannot be watched, while they cannot.
     pub error: Option<String>,
+    /// ScaledObjects calling hoist that KEDA has not set up (no HPA:
+    /// kedacore/keda#5787), as `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreconciled: Vec<String>,
 }
 
 /// What engine mode computed from, beyond the decision.
@@ -361,6 +365,7 @@ pub fn snapshot(driver: &Driver) -> Status {
         kubernetes: driver.cluster().map(|cluster| KubernetesStatus {
             server: cluster.server().to_string(),
             error: cluster.watch_error(),
+            unreconciled: cluster.unreconciled(),
         }),
         config: None,
         routes: driver
@@ -501,6 +506,11 @@ pub fn table(status: &Status) -> String {
     }
     if let Some(error) = status.kubernetes.as_ref().and_then(|k| k.error.as_ref()) {
         out.push_str(&format!("kubernetes: {error}\n"));
+    }
+    for object in status.kubernetes.iter().flat_map(|k| &k.unreconciled) {
+        out.push_str(&format!(
+            "kubernetes: KEDA has not set up ScaledObject {object} (no HPA; see its Events)\n"
+        ));
     }
     if let Some(config) = &status.config {
         if let Some(error) = config

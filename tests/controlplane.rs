@@ -57,6 +57,26 @@ async fn hoist_in(plane: &ControlPlane, grpc: u16, tune: impl FnOnce(&mut Settin
     Hoist::start_with(settings).await
 }
 
+/// The notes of the Events hoist posted on ScaledObjects in `namespace`
+/// with `reason`, read back from the API.
+async fn hoist_events(client: &kube::Client, namespace: &str, reason: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), namespace);
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|event| {
+            event.reason.as_deref() == Some(reason)
+                && event.reporting_controller.as_deref() == Some("hoist")
+                && event.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ScaledObject")
+        })
+        .filter_map(|event| event.note)
+        .collect()
+}
+
 /// The replicas a Deployment asks for (`spec.replicas`, what KEDA and the
 /// HPA write).
 async fn replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
@@ -404,21 +424,7 @@ async fn engine_mode_steps_one_four_eight_through_the_real_hpa() {
 
     // hoist's Events on the ScaledObject, read back from the API: one
     // SuccessfulRescale per step, by the `hoist` controller.
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(scene.client.clone(), namespace);
-    let notes: Vec<String> = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|event| {
-            event.reason.as_deref() == Some("SuccessfulRescale")
-                && event.reporting_controller.as_deref() == Some("hoist")
-                && event.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ScaledObject")
-        })
-        .filter_map(|event| event.note)
-        .collect();
+    let notes = hoist_events(&scene.client, namespace, "SuccessfulRescale").await;
     for size in [4, 8, 16, 20] {
         assert!(
             notes
@@ -898,6 +904,9 @@ spec:
 /// own retries (controller-runtime's per-object backoff, 5 ms doubling)
 /// make the HPA without anyone editing the ScaledObject, after a delay
 /// that grows with how long hoist was away. The test prints that delay.
+/// Meanwhile hoist, answering, says what KEDA has not done: the gauge
+/// `hoist_keda_unreconciled_scaledobjects`, `/status`, and one Event
+/// `KedaSetupPending` naming the command that makes KEDA retry at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scaledobject_made_before_hoist_gets_its_hpa_once_hoist_answers() {
     let plane = control_plane();
@@ -929,13 +938,47 @@ async fn a_scaledobject_made_before_hoist_gets_its_hpa_once_hoist_answers() {
 
     let started = std::time::Instant::now();
     let hoist = hoist_in(plane, grpc, |_| {}).await;
-    support::eventually(
-        Duration::from_secs(180),
-        "KEDA to make the HPA by itself",
-        || async { hpas.get_opt("keda-hpa-worker").await.unwrap().is_some() },
-    )
-    .await;
+    // What hoist does about it: it sees KEDA's condition in its watch and
+    // says so (gauge, /status, an Event with the command that makes KEDA
+    // retry now) until KEDA has set the ScaledObject up.
+    let unreconciled = || async {
+        let page = hoist.get("/metrics").await.1;
+        page.lines()
+            .find_map(|line| line.strip_prefix("hoist_keda_unreconciled_scaledobjects "))
+            .map(|value| value.trim().to_string())
+    };
+    let mut seen_pending = false;
+    while hpas.get_opt("keda-hpa-worker").await.unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "KEDA made no HPA in 180 s with hoist answering"
+        );
+        if !seen_pending && unreconciled().await.as_deref() == Some("1") {
+            let status = hoist.get("/status").await.1;
+            assert!(
+                status.contains(&format!("{namespace}/worker")),
+                "/status names the ScaledObject: {status}"
+            );
+            seen_pending = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let waited = started.elapsed();
+    assert!(
+        seen_pending,
+        "hoist counted the ScaledObject KEDA had not set up before KEDA did"
+    );
+    let client = plane.client().await;
+    let notes = hoist_events(&client, &namespace, "KedaSetupPending").await;
+    assert_eq!(notes.len(), 1, "one Event for the episode: {notes:#?}");
+    assert!(
+        notes[0].contains("ScaledObjectCheckFailed")
+            && notes[0].contains(&format!(
+                "kubectl annotate scaledobject worker -n {namespace} autoscaling.keda.sh/paused=false --overwrite"
+            )),
+        "{}",
+        notes[0]
+    );
     eprintln!(
         "keda#5787: hoist away {away:?} after KEDA's first failed reconcile; KEDA made the HPA {:.1} s after hoist answered, unedited",
         waited.as_secs_f64()
@@ -944,6 +987,11 @@ async fn a_scaledobject_made_before_hoist_gets_its_hpa_once_hoist_answers() {
         ready().starts_with("True/")
     })
     .await;
+    support::eventually(LIMIT, "hoist to count it set up", || async {
+        unreconciled().await.as_deref() == Some("0")
+    })
+    .await;
+    assert!(!hoist.get("/status").await.1.contains("unreconciled"));
     assert_hoist_never_forbidden(plane);
     hoist.stop().await.unwrap();
 }

@@ -5,6 +5,7 @@
 //! run nor the ScaledObject's own settings; the HPA computes from both, so
 //! the engine must too.
 
+mod keda_status;
 mod object;
 mod targets;
 mod token_review;
@@ -16,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -25,6 +27,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+pub use keda_status::{Unreconciled, unreconciled};
 pub use object::{ScaleTarget, ScaledObjectView};
 pub use targets::TargetChange;
 pub use token_review::{Review, ReviewError, TokenReviewer};
@@ -371,6 +374,20 @@ impl Cluster {
     }
 
     /// Every ScaledObject the watch has.
+    /// The ScaledObjects calling hoist that KEDA has not set up, by
+    /// namespace and name (see [`unreconciled`]).
+    pub fn unreconciled(&self) -> Vec<String> {
+        let mut found: Vec<String> = self
+            .objects
+            .state()
+            .iter()
+            .filter_map(|object| unreconciled(object))
+            .map(|found| format!("{}/{}", found.namespace, found.name))
+            .collect();
+        found.sort();
+        found
+    }
+
     pub fn all_scaled_objects(&self) -> Vec<Arc<DynamicObject>> {
         self.objects.state()
     }
@@ -476,11 +493,15 @@ impl Cluster {
     /// Posts an Event on the ScaledObject, in the background: a slow or
     /// refusing API server must never hold up a decision.
     pub fn post_event(self: &Arc<Self>, object: &ScaledObjectView, event: ObjectEvent) {
+        self.post_event_on(object.reference(), event);
+    }
+
+    /// Posts an Event on the object `reference` names, as [`Self::post_event`].
+    pub fn post_event_on(self: &Arc<Self>, reference: ObjectReference, event: ObjectEvent) {
         if !self.settings.events {
             return;
         }
         let cluster = self.clone();
-        let reference = object.reference();
         tokio::spawn(async move {
             let event = Event {
                 type_: if event.warning {
@@ -545,19 +566,23 @@ async fn from_file(path: &Path) -> Result<kube::Config, ClusterError> {
 }
 
 /// Drops from a stored KEDA object (ScaledObject, ScaledJob, and the
-/// (Cluster)TriggerAuthentications) what hoist never reads: KEDA's status
-/// (rewritten on every poll of an active ScaledObject), the field
-/// managers, and the copy of the whole object `kubectl apply` keeps in an
-/// annotation. In a real cluster they are most of an object's bytes, and
-/// a store holds every object.
+/// (Cluster)TriggerAuthentications) what hoist never reads: most of KEDA's
+/// status (rewritten on every poll of an active ScaledObject; only the HPA's
+/// name and the `Ready` condition are kept, see [`keda_status`]), the
+/// field managers, and the copy of the whole object `kubectl apply` keeps
+/// in an annotation. In a real cluster they are most of an object's bytes,
+/// and a store holds every object.
 fn keep_what_is_read(object: &mut DynamicObject) {
     use kube::ResourceExt;
     object.managed_fields_mut().clear();
     object
         .annotations_mut()
         .remove("kubectl.kubernetes.io/last-applied-configuration");
-    if let Some(fields) = object.data.as_object_mut() {
-        fields.remove("status");
+    if let Some(fields) = object.data.as_object_mut()
+        && let Some(status) = fields.remove("status")
+        && let Some(kept) = keda_status::keep_readiness(status)
+    {
+        fields.insert("status".into(), kept);
     }
 }
 
@@ -778,7 +803,10 @@ mod tests {
         );
         assert_eq!(
             object.data,
-            serde_json::json!({"spec": {"scaleTargetRef": {"name": "worker"}}})
+            serde_json::json!({
+                "spec": {"scaleTargetRef": {"name": "worker"}},
+                "status": {"hpaName": "keda-hpa-worker"}
+            })
         );
     }
 }

@@ -18,6 +18,7 @@ use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tracing::{info, warn};
 
 use super::Driver;
+use super::unreconciled::UnreconciledObjects;
 use crate::callers::{matching_trigger, triggers_of};
 use crate::cluster::{Cluster, ObjectChange};
 use crate::metadata::{AuthParams, Params};
@@ -45,6 +46,7 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
         }
     }
     let mut routes = DeclaredRoutes::default();
+    let mut unreconciled = UnreconciledObjects::default();
     let mut changed = Changed::All;
     // What the registry last decided from: most watch events (KEDA writes
     // status on every poll of an active ScaledObject) change no route, and
@@ -62,6 +64,7 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
             }
         }
         driver.follow_objects(&cluster, &changed);
+        unreconciled.update(&driver, &cluster, &changed);
         let first = tokio::select! {
             _ = cancel.cancelled() => return,
             change = changes.recv() => change,

@@ -8,6 +8,7 @@ mod reading;
 mod scaling;
 mod table;
 mod target_index;
+mod unreconciled;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
