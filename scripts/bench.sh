@@ -15,11 +15,14 @@
 #      interceptor (in-process, and two split replicas following the scaler).
 #   8. Flood: six waves of 5,000 connections through the interceptor; RSS at
 #      each peak and after (is the memory given back?).
+#   9. KEDA: KEDA's built-in redis scaler beside hoist's external trigger,
+#      called by the real KEDA operator (scripts/bench-keda.sh, which
+#      writes its own table).
 #
 # Installs what it needs when missing (redis-server, nginx with its stream
 # module, wrk: Debian packages, with apt-get). Takes about 17 minutes on 2
 # cores. Knobs (environment):
-#   BENCH_ONLY="rpc scale sources interceptor cold-start engine routes flood"   parts to run
+#   BENCH_ONLY="rpc scale sources interceptor cold-start engine routes flood keda"   parts to run
 #   BENCH_SECONDS=5      length of each RPC and wrk point
 #   BENCH_REPEAT=3       runs per point, interleaved; the report takes the median
 #   BENCH_SCALE="1000:1000 10000:1 10000:10000 50000:10000 50000:50000"
@@ -35,7 +38,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ONLY="${BENCH_ONLY:-rpc scale sources interceptor cold-start engine routes flood}"
+ONLY="${BENCH_ONLY:-rpc scale sources interceptor cold-start engine routes flood keda}"
 SECONDS_PER_POINT="${BENCH_SECONDS:-5}"
 REPEAT="${BENCH_REPEAT:-3}"
 SCALE_ROWS="${BENCH_SCALE:-1000:1000 10000:1 10000:10000 50000:10000 50000:50000}"
@@ -613,6 +616,13 @@ upstream = \"127.0.0.1:$up_port\""
   stop "$upstream_pid"
 fi
 
+# --- 9. KEDA's own scaler beside hoist -----------------------------------------
+if wants keda; then
+  echo "== 9. KEDA's built-in redis scaler and hoist, called by the real KEDA"
+  settle
+  BENCH_DOC="$DOC" scripts/bench-keda.sh || echo "   (failed: see above)"
+fi
+
 # --- Report ------------------------------------------------------------------
 finished_at=$(date +%s)
 cpu_model=$(lscpu 2>/dev/null | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
@@ -632,7 +642,7 @@ load=$(cut -d' ' -f1-3 /proc/loadavg)
   else
     echo "- Other work ran on this machine at times (more than 10 % of a core outside this run's processes, from /proc/stat): the points waited $waited s in all for a quiet machine, $redone points overlapped by it were measured again, and $disturbed measurements were overlapped twice (those numbers are lower and noisier). Load average at the end: $load."
   fi
-  echo "- Command: \`scripts/bench.sh\`$( [ "$ONLY" != "rpc scale sources interceptor cold-start engine routes flood" ] && echo " with BENCH_ONLY=\"$ONLY\"")."
+  echo "- Command: \`scripts/bench.sh\`$( [ "$ONLY" != "rpc scale sources interceptor cold-start engine routes flood keda" ] && echo " with BENCH_ONLY=\"$ONLY\"")."
 } >"$work/machine.md"
 doc_args=(--doc "$DOC")
 [ "$DOC" = "-" ] && doc_args=()

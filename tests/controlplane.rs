@@ -369,6 +369,28 @@ async fn a_push_through_stream_is_active_scales_from_zero_and_survives_a_restart
 /// jobs per replica, the engine's cooldown 10 s), KEDA polling every 2 s,
 /// the HPA's policies with a 1 s period (see the test below).
 fn engine_scaled_object(namespace: &str, grpc: u16, redis: &RedisServer, max: u32) -> String {
+    engine_object(
+        namespace,
+        grpc,
+        redis,
+        max,
+        "[{type: Percent, value: 1000, periodSeconds: 1}]",
+        "behavior: none",
+    )
+}
+
+/// An engine-mode ScaledObject as [`engine_scaled_object`], with the HPA's
+/// `scaleUp` policies `scale_up` and the trigger's `behavior` line
+/// (`behavior: none` for ACA's steps; empty: the engine adopts the
+/// ScaledObject's `behavior`).
+fn engine_object(
+    namespace: &str,
+    grpc: u16,
+    redis: &RedisServer,
+    max: u32,
+    scale_up: &str,
+    trigger_behavior: &str,
+) -> String {
     format!(
         r#"apiVersion: keda.sh/v1alpha1
 kind: ScaledObject
@@ -384,7 +406,7 @@ spec:
       behavior:
         scaleUp:
           stabilizationWindowSeconds: 0
-          policies: [{{type: Percent, value: 1000, periodSeconds: 1}}]
+          policies: {scale_up}
         scaleDown:
           stabilizationWindowSeconds: 0
           policies: [{{type: Percent, value: 100, periodSeconds: 1}}]
@@ -398,7 +420,7 @@ spec:
       listLength: "5"
       scalingMode: engine
       cooldownPeriod: "10"
-      behavior: none
+      {trigger_behavior}
 "#,
         address = redis.address()
     )
@@ -442,6 +464,140 @@ async fn engine_mode_steps_one_four_eight_through_the_real_hpa() {
         .await;
     eprintln!("engine mode, real HPA, going to zero: {seen:?}");
     assert_eq!(seen, vec![20, 0], "20 → 0, not through the HPA's minimum");
+    assert_hoist_never_forbidden(plane);
+    scene.hoist.stop().await.unwrap();
+}
+
+/// The HPA's `scaleUp` policy of the next two scenarios: one pod per 4 s.
+const ONE_POD_PER_4S: &str = "[{type: Pods, value: 1, periodSeconds: 4}]";
+
+/// How long the worker took from 1 replica to `last`, seen every 200 ms,
+/// with the trajectory on the way.
+async fn climb(scene: &Scene, last: i32) -> (Vec<i32>, Duration) {
+    scene.reaches(1).await;
+    let from_one = std::time::Instant::now();
+    let seen = scene.reaches(last).await;
+    (seen, from_one.elapsed())
+}
+
+/// The closed-loop model's `an_adopted_rate_policy_is_met_at_its_own_pace`
+/// against the real HPA: a ScaledObject `behavior` of one pod per 4 s,
+/// which the engine adopts (no `behavior` in the trigger), KEDA polling
+/// every 2 s. The count climbs one pod at a time to 10, the HPA applying
+/// each step the engine decides. The pace is printed (a timing, not a
+/// pass/fail): the policy allows 1 → 10 in 36 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_behavior_policy_is_stepped_one_pod_at_a_time_by_the_real_hpa() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let scene = Scene::start(plane, "adopted", RedisServer::start(), |_| {}).await;
+    let (namespace, redis, grpc) = (&scene.namespace, &scene.redis, scene.grpc);
+    plane.apply(&engine_object(
+        namespace,
+        grpc,
+        redis,
+        10,
+        ONE_POD_PER_4S,
+        "",
+    ));
+    redis.fill("jobs", 50);
+    let (seen, took) = climb(&scene, 10).await;
+    eprintln!(
+        "adopted 1 pod per 4 s, real HPA: replicas went {seen:?}, 1 → 10 in {:.1} s (the policy allows 36 s)",
+        took.as_secs_f64()
+    );
+    assert_eq!(seen, (1..=10).collect::<Vec<_>>(), "one pod per step");
+    assert_hoist_never_forbidden(plane);
+    scene.hoist.stop().await.unwrap();
+}
+
+/// The closed-loop model's
+/// `an_hpa_policy_stricter_than_the_engine_converges_one_pod_per_period`
+/// against the real HPA: the engine steps ACA's way (`behavior: none`:
+/// 1 → 4 → 8 …) while the ScaledObject's HPA allows one pod per 4 s. The
+/// HPA's limit wins, the count climbs one pod at a time to 10, and hoist
+/// says why with `EngineLimitedByScaledObject`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hpa_policy_stricter_than_the_engine_holds_and_hoist_says_so() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let scene = Scene::start(plane, "strict-hpa", RedisServer::start(), |_| {}).await;
+    let (namespace, redis, grpc) = (&scene.namespace, &scene.redis, scene.grpc);
+    plane.apply(&engine_object(
+        namespace,
+        grpc,
+        redis,
+        10,
+        ONE_POD_PER_4S,
+        "behavior: none",
+    ));
+    redis.fill("jobs", 50);
+    let (seen, took) = climb(&scene, 10).await;
+    eprintln!(
+        "ACA steps under an HPA of 1 pod per 4 s, real HPA: replicas went {seen:?}, 1 → 10 in {:.1} s",
+        took.as_secs_f64()
+    );
+    assert_eq!(seen, (1..=10).collect::<Vec<_>>(), "the HPA's limit wins");
+    let warned = hoist_events(&scene.client, namespace, "EngineLimitedByScaledObject").await;
+    assert!(!warned.is_empty(), "hoist says the HPA limits the engine");
+    assert_hoist_never_forbidden(plane);
+    scene.hoist.stop().await.unwrap();
+}
+
+/// The closed-loop model's `a_behavior_with_only_a_scale_down_window`
+/// against the real HPA, on a shorter clock: a ScaledObject `behavior` with
+/// only a scale-down window (10 s), which the engine takes as its own and
+/// KEDA gives the HPA too. Up by the HPA's default policy (4 pods or 100 %
+/// per 15 s): 1 → 5 → 10 → 20. Down to 5 held by the engine's window and
+/// then the HPA's; with the list empty, 1 (the HPA's minimum) while the
+/// engine's cooldown (20 s) runs, then KEDA's 0. The model's trajectory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_behavior_with_only_a_scale_down_window_through_the_real_hpa() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let scene = Scene::start(plane, "down-window", RedisServer::start(), |_| {}).await;
+    let (namespace, redis, grpc) = (&scene.namespace, &scene.redis, scene.grpc);
+    plane.apply(&format!(
+        r#"apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: worker, namespace: {namespace}}}
+spec:
+  scaleTargetRef: {{name: worker}}
+  pollingInterval: 2
+  minReplicaCount: 0
+  maxReplicaCount: 30
+  cooldownPeriod: 0
+  advanced:
+    horizontalPodAutoscalerConfig:
+      behavior:
+        scaleDown: {{stabilizationWindowSeconds: 10}}
+  triggers:
+  - type: external
+    metadata:
+      scalerAddress: 127.0.0.1:{grpc}
+      scaler: redis
+      address: {address}
+      listName: jobs
+      listLength: "5"
+      scalingMode: engine
+      cooldownPeriod: "20"
+"#,
+        address = redis.address()
+    ));
+    redis.fill("jobs", 100);
+    let up = scene.reaches(20).await;
+    redis.fill("jobs", 25);
+    let down = scene.reaches(5).await;
+    redis.fill("jobs", 0);
+    let idle = scene
+        .until("0 after the engine's cooldown", |seen| {
+            seen.last() == Some(&0)
+        })
+        .await;
+    eprintln!("scale-down window only, real HPA: {up:?} {down:?} {idle:?}");
+    assert_eq!(up, vec![0, 1, 5, 10, 20], "the HPA's default scale-up");
+    assert_eq!(down, vec![20, 5], "one step down, after both windows");
+    assert_eq!(idle, vec![5, 1, 0], "the HPA's minimum, then KEDA's zero");
     assert_hoist_never_forbidden(plane);
     scene.hoist.stop().await.unwrap();
 }

@@ -117,7 +117,8 @@ pub fn unreconciled(object: &DynamicObject) -> Option<Unreconciled> {
         .is_none_or(str::is_empty);
     let ready = status.pointer("/conditions/0")?;
     let field = |name: &str| ready.get(name).and_then(Value::as_str).unwrap_or_default();
-    let failed = field("type") == "Ready" && field("status") == "False" && field("reason") == CHECK_FAILED;
+    let failed =
+        field("type") == "Ready" && field("status") == "False" && field("reason") == CHECK_FAILED;
     (calls_hoist && no_hpa && failed).then(|| Unreconciled {
         namespace: object.metadata.namespace.clone().unwrap_or_default(),
         name: object.metadata.name.clone().unwrap_or_default(),
@@ -171,16 +172,24 @@ mod tests {
     #[test]
     fn keda_failing_to_set_up_a_hoist_scaledobject_is_seen() {
         let found = unreconciled(&object(hoist_trigger(), failed(None))).unwrap();
-        assert_eq!((found.namespace.as_str(), found.name.as_str()), ("jobs", "worker"));
+        assert_eq!(
+            (found.namespace.as_str(), found.name.as_str()),
+            ("jobs", "worker")
+        );
         assert!(found.message.ends_with("connection refused"));
     }
 
     #[test]
     fn with_an_hpa_another_scaler_or_a_ready_object_there_is_nothing_to_say() {
-        assert_eq!(unreconciled(&object(hoist_trigger(), failed(Some("keda-hpa-worker")))), None);
-        let keda_redis = json!([{"type": "redis", "metadata": {"address": "redis:6379", "listName": "jobs"}}]);
+        assert_eq!(
+            unreconciled(&object(hoist_trigger(), failed(Some("keda-hpa-worker")))),
+            None
+        );
+        let keda_redis =
+            json!([{"type": "redis", "metadata": {"address": "redis:6379", "listName": "jobs"}}]);
         assert_eq!(unreconciled(&object(keda_redis, failed(None))), None);
-        let another_external = json!([{"type": "external", "metadata": {"scalerAddress": "other:9090"}}]);
+        let another_external =
+            json!([{"type": "external", "metadata": {"scalerAddress": "other:9090"}}]);
         assert_eq!(unreconciled(&object(another_external, failed(None))), None);
         let mut ready = failed(None);
         ready["conditions"][0]["status"] = json!("True");
@@ -198,7 +207,10 @@ mod tests {
         let conditions = kept["conditions"].as_array().unwrap();
         assert_eq!(conditions.len(), 1);
         assert_eq!(conditions[0]["type"], "Ready");
-        assert_eq!(conditions[0]["message"].as_str().unwrap().chars().count(), MESSAGE_LIMIT + 1);
+        assert_eq!(
+            conditions[0]["message"].as_str().unwrap().chars().count(),
+            MESSAGE_LIMIT + 1
+        );
         assert!(kept.get("lastActiveTime").is_none());
         assert_eq!(keep_readiness(json!({"lastActiveTime": "x"})), None);
     }
