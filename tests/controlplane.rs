@@ -77,6 +77,37 @@ async fn hoist_events(client: &kube::Client, namespace: &str, reason: &str) -> V
         .collect()
 }
 
+/// How many times ScaledObject `name` was written in the next `window`,
+/// counted from a watch of it.
+async fn writes_to(client: &kube::Client, namespace: &str, name: &str, window: Duration) -> usize {
+    use futures::StreamExt;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, WatchEvent, WatchParams};
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("keda.sh", "v1alpha1", "ScaledObject"),
+        "scaledobjects",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+    let version = api
+        .get(name)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let params = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(window.as_secs() as u32 + 5);
+    let mut events = api.watch(&params, &version).await.unwrap().boxed();
+    let mut writes = 0;
+    let until = tokio::time::Instant::now() + window;
+    while let Ok(Some(event)) = tokio::time::timeout_at(until, events.next()).await {
+        if let Ok(WatchEvent::Modified(_)) = event {
+            writes += 1;
+        }
+    }
+    writes
+}
+
 /// The replicas a Deployment asks for (`spec.replicas`, what KEDA and the
 /// HPA write).
 async fn replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
@@ -299,6 +330,16 @@ async fn keda_and_the_hpa_scale_a_redis_worker_from_hoists_answers() {
     redis.fill("jobs", 20);
     let seen = scene.reaches(4).await;
     assert!(visits(&seen, &[0, 1, 4]), "replicas went {seen:?}");
+
+    // How often KEDA writes an active ScaledObject: every such write is a
+    // watch event to every hoist (engine mode's watch cost was sized on
+    // KEDA's code: its status patched on every poll).
+    let window = Duration::from_secs(6);
+    let writes = writes_to(&scene.client, namespace, "worker", window).await;
+    eprintln!(
+        "KEDA wrote the active ScaledObject {writes} times in {window:?} (pollingInterval 1 s)"
+    );
+    assert!(writes >= 1, "KEDA writes an active ScaledObject's status");
 
     redis.fill("jobs", 0);
     let seen = scene
