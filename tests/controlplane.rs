@@ -15,7 +15,7 @@ mod support;
 
 use std::time::Duration;
 
-use controlplane::{ControlPlane, control_plane, trajectory, visits};
+use controlplane::{ControlPlane, control_plane, replicas, trajectory, visits};
 use hoist::config::Settings;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -47,24 +47,12 @@ spec:
     )
 }
 
-/// hoist as the chart's ServiceAccount, on `grpc` (a port KEDA is told),
-/// its admin port on a free one.
+/// hoist as the chart's ServiceAccount with hoist's defaults, on `grpc`
+/// (a port KEDA is told), its admin port on a free one.
 async fn hoist_in(plane: &ControlPlane, grpc: u16, tune: impl FnOnce(&mut Settings)) -> Hoist {
     let mut settings = Settings::default();
-    settings.grpc.listen = format!("127.0.0.1:{grpc}").parse().unwrap();
-    settings.kubernetes.kubeconfig = Some(plane.hoist_kubeconfig.clone());
     tune(&mut settings);
-    Hoist::start_with(settings).await
-}
-
-/// The replicas a Deployment asks for (`spec.replicas`, what KEDA and the
-/// HPA write).
-async fn replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
-    deployments
-        .get(name)
-        .await
-        .ok()
-        .and_then(|deployment| deployment.spec?.replicas)
+    plane.start_hoist(settings, grpc).await
 }
 
 /// One scenario's world: a namespace of its own with a Deployment

@@ -55,23 +55,6 @@ fn succeeded(what: &str, output: &Output) {
     );
 }
 
-fn helm_render(values: &[&str]) -> Vec<Yaml> {
-    let helm = std::env::var("HELM_BIN").unwrap_or_else(|_| "helm".into());
-    let mut args = vec![
-        "template",
-        "hoist",
-        "deploy/helm/hoist",
-        "--namespace",
-        "keda",
-    ];
-    for file in values {
-        args.extend(["--values", file]);
-    }
-    let output = run(&helm, &args);
-    succeeded(&format!("helm {args:?}"), &output);
-    parse("helm template", &String::from_utf8(output.stdout).unwrap())
-}
-
 fn is_custom(doc: &Yaml) -> bool {
     let api = doc["apiVersion"].as_str().unwrap_or_default();
     api.starts_with("keda.sh/") || api.starts_with("monitoring.coreos.com/")
@@ -155,13 +138,13 @@ fn everything() -> Vec<(String, Value)> {
             all.push((format!("{file}: {}", name(&doc)), json(&doc)));
         }
     }
-    let mut renders = vec![("chart defaults".to_string(), helm_render(&[]))];
+    let mut renders = vec![("chart defaults".to_string(), helm_template(&[]))];
     for entry in std::fs::read_dir(root().join("deploy/helm/hoist/ci")).unwrap() {
         let file = format!(
             "deploy/helm/hoist/ci/{}",
             entry.unwrap().file_name().to_string_lossy()
         );
-        renders.push((file.clone(), helm_render(&[&file])));
+        renders.push((file.clone(), helm_template(&[&file])));
     }
     for (source, docs) in renders {
         for doc in docs {
@@ -384,114 +367,10 @@ fn yaml_of(value: &Value) -> Yaml {
         .remove(0)
 }
 
-/// Validates `value` against a CRD's structural schema: types, enums,
-/// required fields, and no field the schema does not declare.
-fn check_schema(path: &str, value: &Value, schema: &Value, errors: &mut Vec<String>) {
-    if schema["x-kubernetes-int-or-string"] == true {
-        if !(value.is_string() || value.is_i64() || value.is_u64()) {
-            errors.push(format!("{path}: not an int or string"));
-        }
-        return;
-    }
-    let ty = schema["type"].as_str().unwrap_or_default();
-    let type_ok = match ty {
-        "object" => value.is_object(),
-        "array" => value.is_array(),
-        "string" => value.is_string(),
-        "integer" => value.is_i64() || value.is_u64(),
-        "number" => value.is_number(),
-        "boolean" => value.is_boolean(),
-        _ => true,
-    };
-    if !type_ok {
-        errors.push(format!("{path}: `{value}` is not of type {ty}"));
-        return;
-    }
-    if let Some(allowed) = schema["enum"].as_array()
-        && !allowed.contains(value)
-    {
-        errors.push(format!("{path}: `{value}` is not one of {allowed:?}"));
-    }
-    if let Some(pattern) = schema["pattern"].as_str()
-        && let Some(text) = value.as_str()
-        && !regex::Regex::new(pattern).unwrap().is_match(text)
-    {
-        errors.push(format!("{path}: `{text}` does not match {pattern}"));
-    }
-    match value {
-        Value::Object(map) => {
-            for required in schema["required"].as_array().into_iter().flatten() {
-                if !map.contains_key(required.as_str().unwrap()) {
-                    errors.push(format!("{path}: `{required}` is required"));
-                }
-            }
-            let preserve = schema["x-kubernetes-preserve-unknown-fields"] == true;
-            for (key, item) in map {
-                let child = format!("{path}.{key}");
-                if let Some(declared) = schema["properties"].get(key) {
-                    check_schema(&child, item, declared, errors);
-                } else if let Some(additional) = schema.get("additionalProperties") {
-                    if additional.is_object() {
-                        check_schema(&child, item, additional, errors);
-                    }
-                } else if !(preserve || path.ends_with(".metadata")) {
-                    errors.push(format!(
-                        "{child}: not in the schema (the API server drops it)"
-                    ));
-                }
-            }
-        }
-        Value::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                check_schema(&format!("{path}[{i}]"), item, &schema["items"], errors);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// kind → (group/version → schema) of every CRD in tests/data/keda-crds.
-fn keda_schemas(file: &str) -> BTreeMap<String, Value> {
-    let crd = json(&documents_of(&format!("tests/data/keda-crds/{file}"))[0]);
-    let group = crd["spec"]["group"].as_str().unwrap();
-    crd["spec"]["versions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| {
-            (
-                format!("{group}/{}", v["name"].as_str().unwrap()),
-                v["schema"]["openAPIV3Schema"].clone(),
-            )
-        })
-        .collect()
-}
-
-fn crd_errors(object: &Value, schema: &Value) -> Vec<String> {
-    let mut errors = Vec::new();
-    // metadata is the API server's, not the CRD's.
-    let mut object = object.clone();
-    object.as_object_mut().unwrap().remove("metadata");
-    check_schema("", &object, schema, &mut errors);
-    errors
-}
-
 #[test]
 fn every_keda_object_is_valid_against_kedas_crds_with_no_undeclared_field() {
-    let kinds = [
-        ("ScaledObject", "scaledobjects.yaml"),
-        ("ScaledJob", "scaledjobs.yaml"),
-        ("TriggerAuthentication", "triggerauthentications.yaml"),
-        (
-            "ClusterTriggerAuthentication",
-            "clustertriggerauthentications.yaml",
-        ),
-    ];
-    let schemas: BTreeMap<&str, BTreeMap<String, Value>> = kinds
-        .iter()
-        .map(|(kind_, file)| (*kind_, keda_schemas(file)))
-        .collect();
-    let older = keda_schemas("scaledobjects-v2.16.0.yaml");
+    let schemas = crds::all_schemas();
+    let older = crds::keda_schemas("scaledobjects-v2.16.0.yaml");
     let mut seen = BTreeSet::new();
     for (source, object) in everything() {
         let Some(kind_) = object["kind"].as_str() else {
@@ -511,10 +390,10 @@ fn every_keda_object_is_valid_against_kedas_crds_with_no_undeclared_field() {
         let schema = by_version
             .get(version)
             .unwrap_or_else(|| panic!("{source}: KEDA serves no {version} {kind_}"));
-        let errors = crd_errors(&object, schema);
+        let errors = crds::crd_errors(&object, schema);
         assert!(errors.is_empty(), "{source}: {errors:#?}");
         if kind_ == "ScaledObject" {
-            let errors = crd_errors(&object, &older[version]);
+            let errors = crds::crd_errors(&object, &older[version]);
             assert!(errors.is_empty(), "{source} (KEDA 2.16): {errors:#?}");
         }
         seen.insert(kind_.to_string());
@@ -531,7 +410,7 @@ fn every_keda_object_is_valid_against_kedas_crds_with_no_undeclared_field() {
     let mut object = json(&kind(&documents("deploy/examples"), "ScaledObject")[0].clone());
     object["spec"]["triggers"][0]["authRef"] = Value::String("x".into());
     object["spec"]["minReplicaCount"] = Value::String("0".into());
-    let errors = crd_errors(&object, &schemas["ScaledObject"]["keda.sh/v1alpha1"]);
+    let errors = crds::crd_errors(&object, &schemas["ScaledObject"]["keda.sh/v1alpha1"]);
     assert!(
         errors
             .iter()
@@ -562,7 +441,7 @@ fn with_local_files(config: &str, dir: &Path) -> String {
 /// and the KEDA sidecar's.
 fn shipped_configs() -> Vec<(String, String)> {
     let docs = documents("deploy/kubernetes");
-    let chart = helm_render(&[]);
+    let chart = helm_template(&[]);
     let sidecar = documents_of("deploy/keda-sidecar/hoist-config.yaml");
     vec![
         (
@@ -911,14 +790,14 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
         assert_eq!(series_of(page, "hoist_build_info")[0]["mode"], mode);
         assert_no_target_labels(mode, page);
     }
-    // The README's list of metrics (Operating hoist) names every metric
-    // any mode exports.
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let operating = readme
-        .split("\n## Operating hoist\n")
+    // docs/operating.md's list of metrics names every metric any mode
+    // exports.
+    let page_text = std::fs::read_to_string(root().join("docs/operating.md")).unwrap();
+    let operating = page_text
+        .split("\n## Metrics\n")
         .nth(1)
         .and_then(|rest| rest.split("\n## ").next())
-        .expect("README has Operating hoist");
+        .expect("docs/operating.md has a Metrics section");
     for (mode, text) in [
         ("in-process", &page),
         ("scaler", &scaler_page),
@@ -928,7 +807,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_on_a_live_metrics_page() {
             let named = regex::Regex::new(&format!(r"\b{family}\b")).unwrap();
             assert!(
                 named.is_match(operating),
-                "{mode}: `{family}` is on /metrics but not in README's Operating hoist"
+                "{mode}: `{family}` is on /metrics but not in docs/operating.md's Metrics"
             );
         }
     }
@@ -1039,7 +918,7 @@ fn chart_monitors() -> Vec<(String, Value)> {
         for mode in &modes {
             let mut files = vec![kind_file.as_str()];
             files.extend(mode.as_deref());
-            for doc in helm_render(&files) {
+            for doc in helm_template(&files) {
                 let kind = doc["kind"].as_str().unwrap_or_default();
                 if kind.ends_with("Monitor") {
                     let source = format!("{files:?}: {kind} {}", name(&doc));

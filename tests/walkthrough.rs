@@ -1,0 +1,357 @@
+//! docs/getting-started.md, run from the page itself in the real control
+//! plane (`support/controlplane.rs`): every block the page marks with an
+//! HTML comment `<!-- walkthrough: VERB [NAME] [(why)] -->` is a step,
+//! taken in the page's order:
+//!
+//! - `run`: a `sh` block's lines run in `sh` as the cluster's admin, a
+//!   `yaml` block is applied;
+//! - `values NAME`: the chart values the page saves as NAME;
+//! - `stand-in WHAT`: what the control plane cannot do, done here instead
+//!   (`keda`: the plane runs it; `hoist`: hoist started in this process
+//!   as the chart's ServiceAccount, with the config `helm template`
+//!   renders from the page's values; `proxy`: requests go to that hoist's
+//!   proxy on loopback);
+//! - `request NAME`: the `sh` block's request, sent in the background;
+//!   its answer must be the page's next `text` block;
+//! - `watch NAME`: the Deployment NAME's `spec.replicas` must go through
+//!   exactly the numbers of the page's next `text` block, in order.
+//!
+//! No kubelet runs pods here, so Redis and the HTTP app run on loopback
+//! and the page's addresses for them are pointed there (`STAND_INS`);
+//! the app starts when its Deployment asks for a replica, as the kubelet
+//! would start the pod.
+
+#[path = "support/controlplane.rs"]
+mod controlplane;
+mod manifests;
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use controlplane::{ControlPlane, control_plane, replicas, trajectory};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+use support::web::{Upstream, full};
+use support::{Hoist, RedisServer, free_port};
+
+const PAGE: &str = "docs/getting-started.md";
+
+/// A loaded 2-core machine, KEDA's first reconcile, and the page's own
+/// cooldowns (30 s and 20 s) with room to spare.
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// One marked block of the page.
+#[derive(Debug)]
+struct Step {
+    verb: String,
+    name: String,
+    /// The block's language (`sh`, `yaml`).
+    lang: String,
+    body: String,
+    /// The next `text` block before the next marked one: what the page
+    /// says the step shows.
+    shown: Option<String>,
+}
+
+/// The page's marked blocks, in order.
+fn steps(page: &str) -> Vec<Step> {
+    let marker =
+        regex::Regex::new(r"^<!-- walkthrough: (\S+)(?: ([^\s(]+))?(?: \(.*\))? -->$").unwrap();
+    let lines: Vec<&str> = page.lines().collect();
+    // Every fenced block: (first line of the fence, language, body).
+    let mut blocks = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        if let Some(lang) = lines[at].strip_prefix("```") {
+            let end = (at + 1..lines.len())
+                .find(|&i| lines[i] == "```")
+                .unwrap_or_else(|| panic!("{PAGE}:{}: an unclosed block", at + 1));
+            blocks.push((at, lang.to_string(), lines[at + 1..end].join("\n") + "\n"));
+            at = end;
+        }
+        at += 1;
+    }
+    let markers: Vec<(usize, regex::Captures)> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, line)| marker.captures(line).map(|c| (i, c)))
+        .collect();
+    assert!(
+        lines.iter().filter(|l| l.contains("walkthrough:")).count() == markers.len(),
+        "{PAGE}: a `walkthrough:` comment this test cannot read"
+    );
+    markers
+        .iter()
+        .enumerate()
+        .map(|(n, (line, found))| {
+            let next_marker = markers.get(n + 1).map_or(lines.len(), |(l, _)| *l);
+            let mut after = blocks.iter().filter(|(start, ..)| start > line);
+            let (start, lang, body) = after
+                .next()
+                .unwrap_or_else(|| panic!("{PAGE}:{}: a marker with no block", line + 1));
+            let shown = blocks
+                .iter()
+                .find(|(at, lang, _)| at > start && *at < next_marker && lang == "text")
+                .map(|(_, _, body)| body.clone());
+            Step {
+                verb: found[1].to_string(),
+                name: found.get(2).map_or("", |m| m.as_str()).to_string(),
+                lang: lang.clone(),
+                body: body.clone(),
+                shown,
+            }
+        })
+        .collect()
+}
+
+/// Where the page's addresses point here, each used at least once.
+struct StandIns {
+    replacements: Vec<(String, String)>,
+    used: BTreeMap<String, usize>,
+}
+
+impl StandIns {
+    fn apply(&mut self, text: &str) -> String {
+        let mut text = text.to_string();
+        for (from, to) in &self.replacements {
+            let count = text.matches(from.as_str()).count();
+            *self.used.entry(from.clone()).or_default() += count;
+            text = text.replace(from.as_str(), to);
+        }
+        text
+    }
+
+    fn assert_all_used(&self) {
+        for (from, _) in &self.replacements {
+            assert!(
+                self.used.get(from).copied().unwrap_or(0) > 0,
+                "{PAGE} no longer says `{from}`, which the test points at its stand-in"
+            );
+        }
+    }
+}
+
+/// The numbers of a `kubectl get -w -o custom-columns` output.
+fn counts(shown: &str) -> Vec<i32> {
+    shown
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect()
+}
+
+/// `-n NAMESPACE` of a kubectl command.
+fn namespace_of(command: &str) -> String {
+    let found = regex::Regex::new(r"-n (\S+)").unwrap();
+    found
+        .captures(command)
+        .unwrap_or_else(|| panic!("no `-n` in `{command}`"))[1]
+        .to_string()
+}
+
+/// The text the page's http-echo container answers with (`-text=...`).
+fn app_text(page: &str) -> String {
+    let found = regex::Regex::new(r#""-text=([^"]+)""#).unwrap();
+    found
+        .captures(page)
+        .expect("the page's app says what it answers (-text=)")[1]
+        .to_string()
+}
+
+/// hoist's config as the chart renders it from the page's values, with
+/// what running on loopback needs: listeners there, and the loopback
+/// stand-ins allowed as sources and upstreams (which hoist refuses by
+/// default).
+fn chart_settings(values: &str) -> hoist::config::Settings {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hoist-values.yaml");
+    std::fs::write(&file, values).unwrap();
+    let docs = manifests::helm_template(&[file.to_str().unwrap()]);
+    let config = manifests::config_text(&docs, manifests::named(&docs, "Deployment", "hoist"));
+    let mut settings = manifests::load_ok("the page's chart values", config);
+    assert!(
+        settings.interceptor.enabled,
+        "the page's values run the interceptor in hoist's pods"
+    );
+    settings.admin.listen = "127.0.0.1:0".parse().unwrap();
+    settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
+    settings.limits.allowed_sources.push("127.0.0.1:*".into());
+    settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
+    settings.interceptor.denied_networks = Vec::new();
+    settings
+}
+
+/// `sh -c line` as the cluster's admin; its standard output.
+fn shell(plane: &ControlPlane, line: &str) -> String {
+    let output = std::process::Command::new("sh")
+        .args(["-c", line])
+        .env("KUBECONFIG", &plane.admin_kubeconfig)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "`{line}`: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// A request of the page's, on its way, and the answer the page shows.
+struct Pending {
+    answer: tokio::task::JoinHandle<String>,
+    shown: String,
+}
+
+/// The kubelet's part for the page's app: once its Deployment asks for a
+/// replica, the app listens at `addr` and answers `text` (as http-echo
+/// does, with a newline); the running app, which counts its requests.
+fn start_app_when_scheduled(
+    deployments: Api<Deployment>,
+    name: String,
+    addr: SocketAddr,
+    text: String,
+) -> tokio::task::JoinHandle<Upstream> {
+    tokio::spawn(async move {
+        while replicas(&deployments, &name).await.unwrap_or(0) == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let text = format!("{text}\n");
+        Upstream::serve(listener, move |_| {
+            let text = text.clone();
+            async move { http::Response::new(full(text)) }
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_getting_started_page_runs_as_written() {
+    let started = Instant::now();
+    let page = std::fs::read_to_string(manifests::root().join(PAGE)).unwrap();
+    let steps = steps(&page);
+    let plane = control_plane();
+    let redis = RedisServer::start();
+    let grpc = free_port();
+    let app: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut app_served = None;
+    let mut values = BTreeMap::new();
+    let mut hoist: Option<Hoist> = None;
+    let mut pending: Option<Pending> = None;
+    let mut stand_ins = StandIns {
+        replacements: Vec::new(),
+        used: BTreeMap::new(),
+    };
+    let client = plane.client().await;
+    for step in &steps {
+        eprintln!(
+            "walkthrough ({:.0}s): {} {}",
+            started.elapsed().as_secs_f64(),
+            step.verb,
+            step.name
+        );
+        match (step.verb.as_str(), step.lang.as_str()) {
+            ("values", "yaml") => {
+                values.insert(step.name.clone(), step.body.clone());
+            }
+            ("stand-in", _) => match step.name.as_str() {
+                "keda" => {}
+                "hoist" => {
+                    let file = regex::Regex::new(r"--values (\S+)").unwrap();
+                    let file = &file.captures(&step.body).expect("helm install --values")[1];
+                    let settings = chart_settings(&values[file]);
+                    let running = plane.start_hoist(settings, grpc).await;
+                    let proxy = running.http_proxy.expect("the in-process proxy");
+                    stand_ins.replacements = vec![
+                        (
+                            "hoist.keda.svc.cluster.local:9090".into(),
+                            format!("127.0.0.1:{grpc}"),
+                        ),
+                        ("redis.demo.svc.cluster.local:6379".into(), redis.address()),
+                        (
+                            "kubectl exec -n demo deploy/redis -- redis-cli".into(),
+                            format!("redis-cli -h {}", redis.address().replace(':', " -p ")),
+                        ),
+                        ("upstream: web:8080".into(), format!("upstream: \"{app}\"")),
+                        ("http://localhost:8080/".into(), format!("http://{proxy}/")),
+                    ];
+                    hoist = Some(running);
+                }
+                "proxy" => assert!(hoist.is_some(), "hoist runs before its proxy is used"),
+                other => panic!("{PAGE}: no stand-in for `{other}`"),
+            },
+            ("run", "yaml") => plane.apply(&stand_ins.apply(&step.body)),
+            ("run", "sh") => {
+                for line in step.body.lines().filter(|l| !l.trim().is_empty()) {
+                    shell(plane, &stand_ins.apply(line));
+                }
+            }
+            ("request", "sh") => {
+                let line = stand_ins.apply(step.body.trim());
+                let admin = plane.admin_kubeconfig.clone();
+                pending = Some(Pending {
+                    answer: tokio::task::spawn_blocking(move || {
+                        let output = std::process::Command::new("sh")
+                            .args(["-c", &line])
+                            .env("KUBECONFIG", admin)
+                            .output()
+                            .unwrap();
+                        String::from_utf8(output.stdout).unwrap()
+                    }),
+                    shown: step.shown.clone().expect("the page shows the answer"),
+                });
+            }
+            ("watch", "sh") => {
+                let wanted = counts(step.shown.as_deref().expect("the page shows the counts"));
+                assert!(wanted.len() >= 2, "{PAGE}: a watch shows a change");
+                let deployments: Api<Deployment> =
+                    Api::namespaced(client.clone(), &namespace_of(&step.body));
+                let name = step.name.as_str();
+                let kubelet = pending.as_ref().map(|_| {
+                    start_app_when_scheduled(
+                        deployments.clone(),
+                        name.to_string(),
+                        app,
+                        app_text(&page),
+                    )
+                });
+                let seen = trajectory(
+                    LIMIT,
+                    &format!("{name} to go {wanted:?}"),
+                    || replicas(&deployments, name),
+                    |seen| {
+                        seen.len() >= wanted.len()
+                            || seen.last() != seen.len().checked_sub(1).and_then(|i| wanted.get(i))
+                    },
+                )
+                .await;
+                eprintln!("walkthrough: {name} went {seen:?}");
+                assert_eq!(seen, wanted, "{name}'s replicas, as {PAGE} shows them");
+                if let (Some(request), Some(kubelet)) = (pending.take(), kubelet) {
+                    let served = kubelet.await.unwrap();
+                    let answer = request.answer.await.unwrap();
+                    assert_eq!(answer.trim(), request.shown.trim(), "the page's request");
+                    assert_eq!(
+                        served.requests(),
+                        1,
+                        "the held request reached the app once"
+                    );
+                    app_served = Some(served);
+                }
+            }
+            (verb, lang) => panic!("{PAGE}: `{verb}` on a `{lang}` block"),
+        }
+    }
+    stand_ins.assert_all_used();
+    assert!(app_served.is_some(), "the HTTP app was woken");
+    eprintln!(
+        "walkthrough: {} steps in {:.0}s",
+        steps.len(),
+        started.elapsed().as_secs_f64()
+    );
+    hoist
+        .expect("the page installs hoist")
+        .stop()
+        .await
+        .unwrap();
+}
