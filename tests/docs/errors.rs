@@ -130,8 +130,13 @@ fn pattern(format: &str) -> regex::Regex {
 }
 
 /// Whether a quoted line is `format` with its fields filled in; a
-/// `<placeholder>` of the page may stand for any field.
+/// `<placeholder>` of the page may stand for any field. A format that is
+/// only a field (`{0}`: a message made elsewhere) quotes nothing.
 fn quotes(line: &str, format: &str) -> bool {
+    let field = regex::Regex::new(r"\{[^{}]*\}").unwrap();
+    if field.replace_all(format, "").is_empty() {
+        return false;
+    }
     let placeholder = regex::Regex::new(r"<[^<>]+>").unwrap();
     let pattern = pattern(format);
     pattern.is_match(line) || pattern.is_match(&placeholder.replace_all(line, "x"))
@@ -244,4 +249,5 @@ fn a_quote_matches_its_format_only() {
         "the app did not answer within {}"
     ));
     assert!(quotes("a {b}", "a {{b}}"));
+    assert!(!quotes("anything", "{0}"));
 }
