@@ -333,7 +333,7 @@ async fn a_push_through_stream_is_active_scales_from_zero_and_survives_a_restart
     scene.hoist.stop().await.unwrap();
 }
 
-/// The README's recommended engine-mode ScaledObject on a Redis list (5
+/// docs/engine.md's recommended engine-mode ScaledObject on a Redis list (5
 /// jobs per replica, the engine's cooldown 10 s), KEDA polling every 2 s,
 /// the HPA's policies with a 1 s period (see the test below).
 fn engine_scaled_object(namespace: &str, grpc: u16, redis: &RedisServer, max: u32) -> String {
@@ -372,7 +372,7 @@ spec:
     )
 }
 
-/// Engine mode with the real HPA: the README's recommended ScaledObject
+/// Engine mode with the real HPA: docs/engine.md's recommended ScaledObject
 /// (its policies' period at 1 s, not 15: with KEDA polling every 2 s, a
 /// 15 s period would hold the third step, as the real HPA showed: 1 → 4 →
 /// 8 → 11, 11 being 1000 % of the count 15 s before), 100 jobs at 5 per

@@ -462,8 +462,158 @@ fn shipped_configs() -> Vec<(String, String)> {
     ]
 }
 
+/// What KEDA resolves `connectionFromEnv` to, and a Secret's
+/// `connection` credential.
+const SERVICE_BUS_CONNECTION: &str =
+    "Endpoint=sb://billing.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v";
+
+/// A ScaledObject hoist must accept: where it is shown, and the name the
+/// fake cluster holds it under (pages reuse names such as `worker`).
+struct Shown {
+    source: String,
+    namespace: String,
+    name: String,
+    object: Yaml,
+}
+
+/// deploy/examples' ScaledObjects and every one the docs show.
+fn scaled_objects_shown() -> Vec<Shown> {
+    let examples = documents("deploy/examples");
+    let mut objects: Vec<(String, Yaml)> = kind(&examples, "ScaledObject")
+        .into_iter()
+        .map(|object| (format!("deploy/examples: {}", name(object)), object.clone()))
+        .collect();
+    objects.extend(
+        snippets::keda_objects()
+            .into_iter()
+            .filter(|(_, object)| object["kind"].as_str() == Some("ScaledObject")),
+    );
+    let mut taken = BTreeSet::new();
+    objects
+        .into_iter()
+        .map(|(source, object)| {
+            // kubectl's namespace when it names none.
+            let namespace = object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string();
+            let name = (1..)
+                .map(|n| match n {
+                    1 => name(&object).to_string(),
+                    n => format!("{}-{n}", name(&object)),
+                })
+                .find(|candidate| taken.insert((namespace.clone(), candidate.clone())))
+                .unwrap();
+            Shown {
+                source,
+                namespace,
+                name,
+                object,
+            }
+        })
+        .collect()
+}
+
+/// KEDA's own params for its TLS connection to hoist, which hoist never
+/// gives a trigger.
+const KEDA_TLS_PARAMS: [&str; 3] = ["caCert", "tlsClientCert", "tlsClientKey"];
+
+/// Every (Cluster)TriggerAuthentication of deploy/examples and the docs
+/// into the fake cluster, with the Secrets they read (placeholder values
+/// of the right shape); the (kind, namespace, name) of those that give a
+/// trigger credentials, which hoist reads only with
+/// `kubernetes.trigger_authentication`.
+fn put_trigger_authentications(api: &kube_api::FakeApi) -> BTreeSet<(String, String, String)> {
+    let mut lending = BTreeSet::new();
+    let examples = documents("deploy/examples");
+    let shown = snippets::keda_objects()
+        .into_iter()
+        .map(|(_, object)| object);
+    let mut secrets: BTreeMap<(String, String), Vec<(String, &str)>> = BTreeMap::new();
+    for auth in examples.into_iter().chain(shown) {
+        let (namespace, cluster) = match auth["kind"].as_str() {
+            Some("TriggerAuthentication") => {
+                (auth["metadata"]["namespace"].as_str().unwrap(), false)
+            }
+            Some("ClusterTriggerAuthentication") => ("keda", true),
+            _ => continue,
+        };
+        let spec = json(&auth["spec"]);
+        if cluster {
+            api.put_cluster_trigger_authentication(name(&auth), spec);
+        } else {
+            api.put_trigger_authentication(namespace, name(&auth), spec);
+        }
+        for reference in list(&auth["spec"]["secretTargetRef"]) {
+            let parameter = reference["parameter"].as_str().unwrap();
+            if !KEDA_TLS_PARAMS.contains(&parameter) {
+                let kind = auth["kind"].as_str().unwrap().to_string();
+                let at = if cluster { "" } else { namespace };
+                lending.insert((kind, at.to_string(), name(&auth).to_string()));
+            }
+            let value = match parameter {
+                "connection" => SERVICE_BUS_CONNECTION,
+                _ => "secret",
+            };
+            secrets
+                .entry((
+                    namespace.to_string(),
+                    reference["name"].as_str().unwrap().to_string(),
+                ))
+                .or_default()
+                .push((reference["key"].as_str().unwrap().to_string(), value));
+        }
+    }
+    for ((namespace, secret), data) in &secrets {
+        let data: Vec<(&str, &str)> = data.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        api.put_secret(namespace, secret, &data);
+    }
+    lending
+}
+
+/// The (kind, namespace, name) of the TriggerAuthentication a trigger's
+/// `authenticationRef` names, if any.
+fn authentication_of(shown: &Shown, trigger: &Yaml) -> Option<(String, String, String)> {
+    let reference = &trigger["authenticationRef"];
+    let name = reference["name"].as_str()?.to_string();
+    Some(match reference["kind"].as_str() {
+        Some("ClusterTriggerAuthentication") => {
+            ("ClusterTriggerAuthentication".into(), String::new(), name)
+        }
+        _ => (
+            "TriggerAuthentication".into(),
+            shown.namespace.clone(),
+            name,
+        ),
+    })
+}
+
+/// One trigger as KEDA sends it: the metadata as written, `FromEnv`
+/// values resolved.
+fn reference_of(shown: &Shown, trigger: &Yaml) -> hoist::proto::ScaledObjectRef {
+    let metadata: Vec<(String, String)> = trigger["metadata"]
+        .as_hash()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| {
+            let key = k.as_str().unwrap();
+            let value = match key {
+                // KEDA resolves it from the target's environment first.
+                "connectionFromEnv" => SERVICE_BUS_CONNECTION,
+                _ => v.as_str().unwrap(),
+            };
+            (key.to_string(), value.to_string())
+        })
+        .collect();
+    hoist::proto::ScaledObjectRef {
+        name: shown.name.clone(),
+        namespace: shown.namespace.clone(),
+        scaler_metadata: metadata.into_iter().collect(),
+    }
+}
+
 #[tokio::test]
-async fn every_example_is_accepted_by_hoist_serving_the_config_shipped_with_it() {
+async fn every_example_and_docs_snippet_is_accepted_by_hoist_serving_the_config_shipped_with_it() {
     let docs = documents("deploy/kubernetes");
     // The split setup's interceptor: interceptor.yaml's config, on loopback.
     let interceptor_config = config_text(&docs, named(&docs, "Deployment", "hoist-interceptor"))
@@ -473,71 +623,70 @@ async fn every_example_is_accepted_by_hoist_serving_the_config_shipped_with_it()
         .replace(":9091\"", ":0\"");
     let interceptor =
         support::Hoist::start_interceptor(load_ok("interceptor.yaml", &interceptor_config)).await;
-    // The cluster holds the examples: hoist checks every call against its
-    // ScaledObject, and decides declared routes from them.
+    // The cluster holds the examples and the docs' objects: hoist checks
+    // every call against its ScaledObject, decides declared routes from
+    // them, and reads TriggerAuthentications when told to.
     let api = kube_api::FakeApi::start().await;
-    let example_docs = documents("deploy/examples");
-    let examples = kind(&example_docs, "ScaledObject");
-    for object in &examples {
-        let namespace = object["metadata"]["namespace"].as_str().unwrap();
-        api.put_scaled_object(namespace, name(object), json(&object["spec"]));
+    let shown = scaled_objects_shown();
+    for object in &shown {
+        api.put_scaled_object(
+            &object.namespace,
+            &object.name,
+            json(&object.object["spec"]),
+        );
     }
+    let lending = put_trigger_authentications(&api);
     for (source, config) in shipped_configs() {
-        let dir = tempfile::tempdir().unwrap();
-        // With the split setup's lines, endpoints on loopback.
-        let split = format!(
-            "{config}\n[interceptor]\nendpoints = [\"{}\"]\n",
-            interceptor.admin
-        );
-        let mut settings = load_ok(&source, &with_local_files(&split, dir.path()));
-        settings.kubernetes.kubeconfig = Some(api.kubeconfig());
-        // Hosts are the platform team's to hand out: the declared-route
-        // example's comment says which line it needs.
-        settings.interceptor.allowed_hosts.insert(
-            "orders".into(),
-            vec!["shop.example.com".into(), "*.shop.example.com".into()],
-        );
-        let hoist = support::Hoist::start_with(settings).await;
-        let mut checked = 0;
-        for object in &examples {
-            for trigger in list(&object["spec"]["triggers"]) {
-                let mut metadata: Vec<(String, String)> = trigger["metadata"]
-                    .as_hash()
-                    .unwrap()
-                    .iter()
-                    .map(|(k, v)| (k.as_str().unwrap().into(), v.as_str().unwrap().into()))
-                    .collect();
-                // KEDA resolves connectionFromEnv from the target's
-                // environment before hoist sees it.
-                for (key, value) in &mut metadata {
-                    if key == "connectionFromEnv" {
-                        *value = "Endpoint=sb://billing.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=v".into();
+        // As shipped, and with the teams' own TriggerAuthentications read.
+        for trigger_authentication in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            // With the split setup's lines, endpoints on loopback.
+            let split = format!(
+                "{config}\n[interceptor]\nendpoints = [\"{}\"]\n",
+                interceptor.admin
+            );
+            let mut settings = load_ok(&source, &with_local_files(&split, dir.path()));
+            settings.kubernetes.kubeconfig = Some(api.kubeconfig());
+            settings.kubernetes.trigger_authentication = trigger_authentication;
+            // Hosts are the platform team's to hand out: the declared-route
+            // example's comment says which line it needs, and
+            // docs/getting-started.md's values give `demo` its own.
+            settings.interceptor.allowed_hosts.insert(
+                "orders".into(),
+                vec!["shop.example.com".into(), "*.shop.example.com".into()],
+            );
+            settings
+                .interceptor
+                .allowed_hosts
+                .insert("demo".into(), vec!["*.demo.example.com".into()]);
+            let hoist = support::Hoist::start_with(settings).await;
+            let mut checked = 0;
+            for object in &shown {
+                for trigger in list(&object.object["spec"]["triggers"]) {
+                    // Shown with kubernetes.trigger_authentication on.
+                    let lent = authentication_of(object, trigger)
+                        .is_some_and(|auth| lending.contains(&auth));
+                    if lent && !trigger_authentication {
+                        continue;
                     }
+                    let response = hoist
+                        .client()
+                        .await
+                        .get_metric_spec(reference_of(object, trigger))
+                        .await
+                        .unwrap_or_else(|status| {
+                            panic!(
+                                "{source} (trigger_authentication = {trigger_authentication}): {}: {status:?}",
+                                object.source
+                            )
+                        });
+                    assert_eq!(response.into_inner().metric_specs.len(), 1);
+                    checked += 1;
                 }
-                let pairs: Vec<(&str, &str)> = metadata
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect();
-                let mut reference = support::object(name(object), &pairs);
-                reference.namespace = object["metadata"]["namespace"].as_str().unwrap().into();
-                // As written, not support::object's own scalerAddress.
-                reference.scaler_metadata.remove("scalerAddress");
-                if let Some(address) = trigger["metadata"]["scalerAddress"].as_str() {
-                    reference
-                        .scaler_metadata
-                        .insert("scalerAddress".into(), address.into());
-                }
-                let response = hoist
-                    .client()
-                    .await
-                    .get_metric_spec(reference)
-                    .await
-                    .unwrap_or_else(|status| panic!("{source}: {}: {status:?}", name(object)));
-                assert_eq!(response.into_inner().metric_specs.len(), 1);
-                checked += 1;
             }
+            assert!(checked >= 20, "{checked} triggers");
+            hoist.stop().await.unwrap();
         }
-        assert!(checked >= 5, "{checked} triggers");
     }
 }
 
