@@ -2,7 +2,7 @@
 //! types, enums, patterns, required fields, and no field the structural
 //! schema does not declare (the API server would drop it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
@@ -20,7 +20,7 @@ pub const KINDS: [(&str, &str); 4] = [
 ];
 
 /// group/version → schema of the CRD in tests/data/keda-crds/`file`.
-pub fn keda_schemas(file: &str) -> BTreeMap<String, Value> {
+fn keda_schemas(file: &str) -> BTreeMap<String, Value> {
     let path = format!("tests/data/keda-crds/{file}");
     let text = std::fs::read_to_string(root().join(&path)).unwrap();
     let crd = json(&parse(&path, &text)[0]);
@@ -39,15 +39,63 @@ pub fn keda_schemas(file: &str) -> BTreeMap<String, Value> {
 }
 
 /// kind → (group/version → schema) of every KEDA kind.
-pub fn all_schemas() -> BTreeMap<&'static str, BTreeMap<String, Value>> {
+fn all_schemas() -> BTreeMap<&'static str, BTreeMap<String, Value>> {
     KINDS
         .iter()
         .map(|(kind, file)| (*kind, keda_schemas(file)))
         .collect()
 }
 
+/// The KEDA kinds the shipped files and the docs hold: one of each.
+pub fn kinds_shown() -> BTreeSet<String> {
+    [
+        "ClusterTriggerAuthentication",
+        "ScaledObject",
+        "TriggerAuthentication",
+    ]
+    .map(String::from)
+    .into()
+}
+
+/// KEDA's schemas: every kind's at KEDA's version here, and the
+/// ScaledObject's of KEDA 2.16, the oldest KEDA the docs address.
+pub struct Keda {
+    schemas: BTreeMap<&'static str, BTreeMap<String, Value>>,
+    older_scaled_object: BTreeMap<String, Value>,
+}
+
+impl Keda {
+    pub fn load() -> Self {
+        Self {
+            schemas: all_schemas(),
+            older_scaled_object: keda_schemas("scaledobjects-v2.16.0.yaml"),
+        }
+    }
+
+    /// Whether `kind` is one of KEDA's.
+    pub fn serves(&self, kind: &str) -> bool {
+        self.schemas.contains_key(kind)
+    }
+
+    /// What the API server would refuse or drop of a KEDA `object`, at
+    /// both KEDA versions for a ScaledObject.
+    pub fn errors(&self, object: &Value) -> Vec<String> {
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let version = object["apiVersion"].as_str().unwrap_or_default();
+        let Some(schema) = self.schemas.get(kind).and_then(|v| v.get(version)) else {
+            return vec![format!("KEDA serves no {version} {kind}")];
+        };
+        let mut errors = crd_errors(object, schema);
+        if kind == "ScaledObject" {
+            let older = crd_errors(object, &self.older_scaled_object[version]);
+            errors.extend(older.into_iter().map(|e| format!("(KEDA 2.16) {e}")));
+        }
+        errors
+    }
+}
+
 /// What the API server would refuse or drop of `object`.
-pub fn crd_errors(object: &Value, schema: &Value) -> Vec<String> {
+fn crd_errors(object: &Value, schema: &Value) -> Vec<String> {
     let mut errors = Vec::new();
     // metadata is the API server's, not the CRD's.
     let mut object = object.clone();
