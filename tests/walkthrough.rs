@@ -182,19 +182,33 @@ fn chart_settings(values: &str) -> hoist::config::Settings {
     settings
 }
 
-/// `sh -c line` as the cluster's admin; its standard output.
-fn shell(plane: &ControlPlane, line: &str) -> String {
-    let output = std::process::Command::new("sh")
+/// `sh -c line` as the cluster's admin.
+fn shell(admin: &std::path::Path, line: &str) -> std::process::Output {
+    std::process::Command::new("sh")
         .args(["-c", line])
-        .env("KUBECONFIG", &plane.admin_kubeconfig)
+        .env("KUBECONFIG", admin)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// `sh -c line` as the cluster's admin, which must succeed.
+fn must_shell(plane: &ControlPlane, line: &str) {
+    let output = shell(&plane.admin_kubeconfig, line);
     assert!(
         output.status.success(),
         "`{line}`: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The values file a `helm install` names.
+fn values_file(helm: &str) -> &str {
+    let file = regex::Regex::new(r"--values (\S+)").unwrap();
+    file.captures(helm)
+        .expect("helm install --values")
+        .get(1)
+        .unwrap()
+        .as_str()
 }
 
 /// A request of the page's, on its way, and the answer the page shows.
@@ -225,24 +239,150 @@ fn start_app_when_scheduled(
     })
 }
 
+/// The walk through the page: what its steps have set up so far.
+struct Walk {
+    page: String,
+    plane: &'static ControlPlane,
+    client: kube::Client,
+    redis: RedisServer,
+    /// Where hoist's gRPC listens (KEDA is told through the page's
+    /// `scalerAddress`).
+    grpc: u16,
+    /// Where the HTTP app will listen.
+    app: SocketAddr,
+    values: BTreeMap<String, String>,
+    hoist: Option<Hoist>,
+    pending: Option<Pending>,
+    app_served: Option<Upstream>,
+    stand_ins: StandIns,
+}
+
+impl Walk {
+    async fn take(&mut self, step: &Step) {
+        match (step.verb.as_str(), step.lang.as_str()) {
+            ("values", "yaml") => {
+                self.values.insert(step.name.clone(), step.body.clone());
+            }
+            ("stand-in", _) => match step.name.as_str() {
+                "keda" => {}
+                "hoist" => self.install_hoist(&step.body).await,
+                "proxy" => assert!(self.hoist.is_some(), "hoist runs before its proxy is used"),
+                other => panic!("{PAGE}: no stand-in for `{other}`"),
+            },
+            ("run", "yaml") => self.plane.apply(&self.stand_ins.apply(&step.body)),
+            ("run", "sh") => {
+                for line in step.body.lines().filter(|l| !l.trim().is_empty()) {
+                    must_shell(self.plane, &self.stand_ins.apply(line));
+                }
+            }
+            ("request", "sh") => self.request(step),
+            ("watch", "sh") => self.watch(step).await,
+            (verb, lang) => panic!("{PAGE}: `{verb}` on a `{lang}` block"),
+        }
+    }
+
+    /// hoist as the chart would run it from the page's values, and the
+    /// page's addresses pointed at what stands in on loopback.
+    async fn install_hoist(&mut self, helm: &str) {
+        let settings = chart_settings(&self.values[values_file(helm)]);
+        let hoist = self.plane.start_hoist(settings, self.grpc).await;
+        let proxy = hoist.http_proxy.expect("the in-process proxy");
+        let redis = self.redis.address();
+        self.stand_ins.replacements = vec![
+            (
+                "hoist.keda.svc.cluster.local:9090".into(),
+                format!("127.0.0.1:{}", self.grpc),
+            ),
+            ("redis.demo.svc.cluster.local:6379".into(), redis.clone()),
+            (
+                "kubectl exec -n demo deploy/redis -- redis-cli".into(),
+                format!("redis-cli -h {}", redis.replace(':', " -p ")),
+            ),
+            (
+                "upstream: web:8080".into(),
+                format!("upstream: \"{}\"", self.app),
+            ),
+            ("http://localhost:8080/".into(), format!("http://{proxy}/")),
+        ];
+        self.hoist = Some(hoist);
+    }
+
+    /// The page's request, sent in the background: it waits for the app.
+    fn request(&mut self, step: &Step) {
+        let line = self.stand_ins.apply(step.body.trim());
+        let admin = self.plane.admin_kubeconfig.clone();
+        self.pending = Some(Pending {
+            answer: tokio::task::spawn_blocking(move || {
+                String::from_utf8(shell(&admin, &line).stdout).unwrap()
+            }),
+            shown: step.shown.clone().expect("the page shows the answer"),
+        });
+    }
+
+    /// The Deployment's replicas go exactly as the page shows; with a
+    /// request waiting, its app starts when scheduled and answers it.
+    async fn watch(&mut self, step: &Step) {
+        let wanted = counts(step.shown.as_deref().expect("the page shows the counts"));
+        assert!(wanted.len() >= 2, "{PAGE}: a watch shows a change");
+        let deployments: Api<Deployment> =
+            Api::namespaced(self.client.clone(), &namespace_of(&step.body));
+        let name = step.name.as_str();
+        let kubelet = self.pending.as_ref().map(|_| {
+            start_app_when_scheduled(
+                deployments.clone(),
+                name.to_string(),
+                self.app,
+                app_text(&self.page),
+            )
+        });
+        let seen = trajectory(
+            LIMIT,
+            &format!("{name} to go {wanted:?}"),
+            || replicas(&deployments, name),
+            |seen| {
+                seen.len() >= wanted.len()
+                    || seen.last() != seen.len().checked_sub(1).and_then(|i| wanted.get(i))
+            },
+        )
+        .await;
+        eprintln!("walkthrough: {name} went {seen:?}");
+        assert_eq!(seen, wanted, "{name}'s replicas, as {PAGE} shows them");
+        if let (Some(request), Some(kubelet)) = (self.pending.take(), kubelet) {
+            let served = kubelet.await.unwrap();
+            let answer = request.answer.await.unwrap();
+            assert_eq!(answer.trim(), request.shown.trim(), "the page's request");
+            assert_eq!(
+                served.requests(),
+                1,
+                "the held request reached the app once"
+            );
+            self.app_served = Some(served);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_getting_started_page_runs_as_written() {
     let started = Instant::now();
     let page = std::fs::read_to_string(manifests::root().join(PAGE)).unwrap();
     let steps = steps(&page);
     let plane = control_plane();
-    let redis = RedisServer::start();
-    let grpc = free_port();
-    let app: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut app_served = None;
-    let mut values = BTreeMap::new();
-    let mut hoist: Option<Hoist> = None;
-    let mut pending: Option<Pending> = None;
-    let mut stand_ins = StandIns {
-        replacements: Vec::new(),
-        used: BTreeMap::new(),
+    let mut walk = Walk {
+        page,
+        plane,
+        client: plane.client().await,
+        redis: RedisServer::start(),
+        grpc: free_port(),
+        app: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        values: BTreeMap::new(),
+        hoist: None,
+        pending: None,
+        app_served: None,
+        stand_ins: StandIns {
+            replacements: Vec::new(),
+            used: BTreeMap::new(),
+        },
     };
-    let client = plane.client().await;
     for step in &steps {
         eprintln!(
             "walkthrough ({:.0}s): {} {}",
@@ -250,108 +390,15 @@ async fn the_getting_started_page_runs_as_written() {
             step.verb,
             step.name
         );
-        match (step.verb.as_str(), step.lang.as_str()) {
-            ("values", "yaml") => {
-                values.insert(step.name.clone(), step.body.clone());
-            }
-            ("stand-in", _) => match step.name.as_str() {
-                "keda" => {}
-                "hoist" => {
-                    let file = regex::Regex::new(r"--values (\S+)").unwrap();
-                    let file = &file.captures(&step.body).expect("helm install --values")[1];
-                    let settings = chart_settings(&values[file]);
-                    let running = plane.start_hoist(settings, grpc).await;
-                    let proxy = running.http_proxy.expect("the in-process proxy");
-                    stand_ins.replacements = vec![
-                        (
-                            "hoist.keda.svc.cluster.local:9090".into(),
-                            format!("127.0.0.1:{grpc}"),
-                        ),
-                        ("redis.demo.svc.cluster.local:6379".into(), redis.address()),
-                        (
-                            "kubectl exec -n demo deploy/redis -- redis-cli".into(),
-                            format!("redis-cli -h {}", redis.address().replace(':', " -p ")),
-                        ),
-                        ("upstream: web:8080".into(), format!("upstream: \"{app}\"")),
-                        ("http://localhost:8080/".into(), format!("http://{proxy}/")),
-                    ];
-                    hoist = Some(running);
-                }
-                "proxy" => assert!(hoist.is_some(), "hoist runs before its proxy is used"),
-                other => panic!("{PAGE}: no stand-in for `{other}`"),
-            },
-            ("run", "yaml") => plane.apply(&stand_ins.apply(&step.body)),
-            ("run", "sh") => {
-                for line in step.body.lines().filter(|l| !l.trim().is_empty()) {
-                    shell(plane, &stand_ins.apply(line));
-                }
-            }
-            ("request", "sh") => {
-                let line = stand_ins.apply(step.body.trim());
-                let admin = plane.admin_kubeconfig.clone();
-                pending = Some(Pending {
-                    answer: tokio::task::spawn_blocking(move || {
-                        let output = std::process::Command::new("sh")
-                            .args(["-c", &line])
-                            .env("KUBECONFIG", admin)
-                            .output()
-                            .unwrap();
-                        String::from_utf8(output.stdout).unwrap()
-                    }),
-                    shown: step.shown.clone().expect("the page shows the answer"),
-                });
-            }
-            ("watch", "sh") => {
-                let wanted = counts(step.shown.as_deref().expect("the page shows the counts"));
-                assert!(wanted.len() >= 2, "{PAGE}: a watch shows a change");
-                let deployments: Api<Deployment> =
-                    Api::namespaced(client.clone(), &namespace_of(&step.body));
-                let name = step.name.as_str();
-                let kubelet = pending.as_ref().map(|_| {
-                    start_app_when_scheduled(
-                        deployments.clone(),
-                        name.to_string(),
-                        app,
-                        app_text(&page),
-                    )
-                });
-                let seen = trajectory(
-                    LIMIT,
-                    &format!("{name} to go {wanted:?}"),
-                    || replicas(&deployments, name),
-                    |seen| {
-                        seen.len() >= wanted.len()
-                            || seen.last() != seen.len().checked_sub(1).and_then(|i| wanted.get(i))
-                    },
-                )
-                .await;
-                eprintln!("walkthrough: {name} went {seen:?}");
-                assert_eq!(seen, wanted, "{name}'s replicas, as {PAGE} shows them");
-                if let (Some(request), Some(kubelet)) = (pending.take(), kubelet) {
-                    let served = kubelet.await.unwrap();
-                    let answer = request.answer.await.unwrap();
-                    assert_eq!(answer.trim(), request.shown.trim(), "the page's request");
-                    assert_eq!(
-                        served.requests(),
-                        1,
-                        "the held request reached the app once"
-                    );
-                    app_served = Some(served);
-                }
-            }
-            (verb, lang) => panic!("{PAGE}: `{verb}` on a `{lang}` block"),
-        }
+        walk.take(step).await;
     }
-    stand_ins.assert_all_used();
-    assert!(app_served.is_some(), "the HTTP app was woken");
+    walk.stand_ins.assert_all_used();
+    assert!(walk.app_served.is_some(), "the HTTP app was woken");
     eprintln!(
         "walkthrough: {} steps in {:.0}s",
         steps.len(),
         started.elapsed().as_secs_f64()
     );
-    hoist
-        .expect("the page installs hoist")
-        .stop()
-        .await
-        .unwrap();
+    let hoist = walk.hoist.expect("the page installs hoist");
+    hoist.stop().await.unwrap();
 }
