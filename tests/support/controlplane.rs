@@ -340,15 +340,19 @@ impl ControlPlane {
         revision
     }
 
-    /// hoist with `settings` as the chart's ServiceAccount, its gRPC on
-    /// `grpc` (a port KEDA is told), its admin port on a free one.
+    /// hoist with `settings` as the chart's ServiceAccount (unless they
+    /// name a kubeconfig of their own, e.g. another token of it), its gRPC
+    /// on `grpc` (a port KEDA is told), its admin port on a free one.
     pub async fn start_hoist(
         &self,
         mut settings: hoist::config::Settings,
         grpc: u16,
     ) -> crate::support::Hoist {
         settings.grpc.listen = format!("127.0.0.1:{grpc}").parse().unwrap();
-        settings.kubernetes.kubeconfig = Some(self.hoist_kubeconfig.clone());
+        settings
+            .kubernetes
+            .kubeconfig
+            .get_or_insert_with(|| self.hoist_kubeconfig.clone());
         crate::support::Hoist::start_with(settings).await
     }
 
