@@ -11,8 +11,9 @@
 //!   as the chart's ServiceAccount, with the config `helm template`
 //!   renders from the page's values; `proxy`: requests go to that hoist's
 //!   proxy on loopback);
-//! - `request NAME`: the `sh` block's request, sent in the background;
-//!   its answer must be the page's next `text` block;
+//! - `request NAME`: the `sh` block's request, sent in the background
+//!   once the next watch has read where the app stands; its answer must
+//!   be the page's next `text` block;
 //! - `watch NAME`: the Deployment NAME's `spec.replicas` must go through
 //!   exactly the numbers of the page's next `text` block, in order.
 //!
@@ -211,10 +212,19 @@ fn values_file(helm: &str) -> &str {
         .as_str()
 }
 
-/// A request of the page's, on its way, and the answer the page shows.
+/// A request of the page's, sent when the watch that follows it has read
+/// where the app stands, and the answer the page shows.
 struct Pending {
-    answer: tokio::task::JoinHandle<String>,
+    line: String,
     shown: String,
+}
+
+impl Pending {
+    /// The request on its way (in the background: it waits for the app).
+    fn send(&self, admin: &std::path::Path) -> tokio::task::JoinHandle<String> {
+        let (line, admin) = (self.line.clone(), admin.to_path_buf());
+        tokio::task::spawn_blocking(move || String::from_utf8(shell(&admin, &line).stdout).unwrap())
+    }
 }
 
 /// The kubelet's part for the page's app: once its Deployment asks for a
@@ -307,14 +317,10 @@ impl Walk {
         self.hoist = Some(hoist);
     }
 
-    /// The page's request, sent in the background: it waits for the app.
+    /// The page's request, to be sent once the next watch has begun.
     fn request(&mut self, step: &Step) {
-        let line = self.stand_ins.apply(step.body.trim());
-        let admin = self.plane.admin_kubeconfig.clone();
         self.pending = Some(Pending {
-            answer: tokio::task::spawn_blocking(move || {
-                String::from_utf8(shell(&admin, &line).stdout).unwrap()
-            }),
+            line: self.stand_ins.apply(step.body.trim()),
             shown: step.shown.clone().expect("the page shows the answer"),
         });
     }
@@ -327,30 +333,44 @@ impl Walk {
         let deployments: Api<Deployment> =
             Api::namespaced(self.client.clone(), &namespace_of(&step.body));
         let name = step.name.as_str();
-        let kubelet = self.pending.as_ref().map(|_| {
-            start_app_when_scheduled(
+        // Where the Deployment stands before anything is sent, so that a
+        // change the request causes at once is seen too.
+        let before = replicas(&deployments, name).await.expect("the Deployment");
+        let pending = self.pending.take().map(|request| {
+            let kubelet = start_app_when_scheduled(
                 deployments.clone(),
                 name.to_string(),
                 self.app,
                 app_text(&self.page),
+            );
+            (
+                request.send(&self.plane.admin_kubeconfig),
+                request.shown,
+                kubelet,
             )
         });
+        let from_before = |seen: &[i32]| -> Vec<i32> {
+            std::iter::once(before)
+                .chain(seen.iter().copied().skip_while(|now| *now == before))
+                .collect()
+        };
         let seen = trajectory(
             LIMIT,
             &format!("{name} to go {wanted:?}"),
             || replicas(&deployments, name),
             |seen| {
-                seen.len() >= wanted.len()
-                    || seen.last() != seen.len().checked_sub(1).and_then(|i| wanted.get(i))
+                let seen = from_before(seen);
+                seen.len() >= wanted.len() || seen.last() != wanted.get(seen.len() - 1)
             },
         )
         .await;
+        let seen = from_before(&seen);
         eprintln!("walkthrough: {name} went {seen:?}");
         assert_eq!(seen, wanted, "{name}'s replicas, as {PAGE} shows them");
-        if let (Some(request), Some(kubelet)) = (self.pending.take(), kubelet) {
+        if let Some((answer, shown, kubelet)) = pending {
             let served = kubelet.await.unwrap();
-            let answer = request.answer.await.unwrap();
-            assert_eq!(answer.trim(), request.shown.trim(), "the page's request");
+            let answer = answer.await.unwrap();
+            assert_eq!(answer.trim(), shown.trim(), "the page's request");
             assert_eq!(
                 served.requests(),
                 1,
