@@ -17,7 +17,7 @@ scripts/deps.sh redis-server redis-tools procps
 # scripts/layer-tool.sh.
 scripts/layer-tool.sh helm
 scripts/layer-tool.sh kubectl
-# For tests/controlplane.rs: the real control plane (etcd, kube-apiserver,
+# For tests/controlplane.rs and tests/walkthrough.rs: the real control plane (etcd, kube-apiserver,
 # kube-controller-manager, KEDA's operator and adapter), built here from
 # their Go modules (tools/kubernetes, tools/keda) by scripts/controlplane.sh;
 # openssl makes its certificates, curl and python3 check and pick ports.

@@ -1,5 +1,5 @@
 //! hoist: a KEDA external scaler with Azure Container Apps' scaling
-//! behaviour. See README.md for the map of the layers.
+//! behaviour. See docs/development.md for the map of the layers.
 
 pub mod admin;
 pub mod auth_profiles;

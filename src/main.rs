@@ -109,9 +109,9 @@ struct DecideArgs {
 /// `HOIST_*` environment variables < these flags.
 #[derive(Args, Clone)]
 struct ConfigArgs {
-    /// A TOML configuration file (see README: configuration reference).
+    /// A TOML configuration file (see docs/configuration.md).
     /// `serve` and `interceptor` read it again on SIGHUP and when its
-    /// content changes (see README: reloading the configuration).
+    /// content changes (see docs/configuration.md: reloading the configuration).
     #[arg(long, short = 'c', value_name = "FILE")]
     config: Option<PathBuf>,
     /// Address for the gRPC ExternalScaler API [default: 0.0.0.0:9090].

@@ -1,4 +1,4 @@
-//! Guards on the layering described in the README: `config` is the bottom
+//! Guards on the layering described in docs/development.md: `config` is the bottom
 //! layer (every module reads settings; it reads none of theirs), `metrics`
 //! knows nothing of the parts it counts for, the engine is pure (no I/O,
 //! no clock, no tasks), and triggers measure without deciding, sleeping or

@@ -40,7 +40,7 @@ const HPA_SYNC_SECONDS: u64 = 15;
 /// How long KEDA and the HPA wait for one call to hoist.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The README's recommended ScaledObject for engine mode: KEDA's cooldown
+/// docs/engine.md's recommended ScaledObject for engine mode: KEDA's cooldown
 /// and the HPA's windows and rate limits out of the engine's way.
 fn recommended(polling_seconds: u64) -> Value {
     json!({

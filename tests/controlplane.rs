@@ -15,7 +15,7 @@ mod support;
 
 use std::time::Duration;
 
-use controlplane::{ControlPlane, control_plane, trajectory, visits};
+use controlplane::{ControlPlane, control_plane, replicas, trajectory, visits};
 use hoist::config::Settings;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -47,14 +47,12 @@ spec:
     )
 }
 
-/// hoist as the chart's ServiceAccount, on `grpc` (a port KEDA is told),
-/// its admin port on a free one.
+/// hoist as the chart's ServiceAccount with hoist's defaults, on `grpc`
+/// (a port KEDA is told), its admin port on a free one.
 async fn hoist_in(plane: &ControlPlane, grpc: u16, tune: impl FnOnce(&mut Settings)) -> Hoist {
     let mut settings = Settings::default();
-    settings.grpc.listen = format!("127.0.0.1:{grpc}").parse().unwrap();
-    settings.kubernetes.kubeconfig = Some(plane.hoist_kubeconfig.clone());
     tune(&mut settings);
-    Hoist::start_with(settings).await
+    plane.start_hoist(settings, grpc).await
 }
 
 /// The notes of the Events hoist posted on ScaledObjects in `namespace`
@@ -106,16 +104,6 @@ async fn writes_to(client: &kube::Client, namespace: &str, name: &str, window: D
         }
     }
     writes
-}
-
-/// The replicas a Deployment asks for (`spec.replicas`, what KEDA and the
-/// HPA write).
-async fn replicas(deployments: &Api<Deployment>, name: &str) -> Option<i32> {
-    deployments
-        .get(name)
-        .await
-        .ok()
-        .and_then(|deployment| deployment.spec?.replicas)
 }
 
 /// One scenario's world: a namespace of its own with a Deployment
@@ -406,7 +394,7 @@ async fn a_push_through_stream_is_active_scales_from_zero_and_survives_a_restart
     scene.hoist.stop().await.unwrap();
 }
 
-/// The README's recommended engine-mode ScaledObject on a Redis list (5
+/// docs/engine.md's recommended engine-mode ScaledObject on a Redis list (5
 /// jobs per replica, the engine's cooldown 10 s), KEDA polling every 2 s,
 /// the HPA's policies with a 1 s period (see the test below).
 fn engine_scaled_object(namespace: &str, grpc: u16, redis: &RedisServer, max: u32) -> String {
@@ -467,7 +455,7 @@ spec:
     )
 }
 
-/// Engine mode with the real HPA: the README's recommended ScaledObject
+/// Engine mode with the real HPA: docs/engine.md's recommended ScaledObject
 /// (its policies' period at 1 s, not 15: with KEDA polling every 2 s, a
 /// 15 s period would hold the third step, as the real HPA showed: 1 → 4 →
 /// 8 → 11, 11 being 1000 % of the count 15 s before), 100 jobs at 5 per

@@ -1,5 +1,5 @@
 //! The docs say what ships, and stay so:
-//! - every config key hoist accepts is in the README's configuration
+//! - every config key hoist accepts is in docs/configuration.md's
 //!   reference table and in deploy/examples/hoist.toml (which says it shows
 //!   every setting), and neither names a key hoist refuses. The key list is
 //!   derived from the config types themselves, by asking hoist's own
@@ -8,16 +8,28 @@
 //!   expects instead, anything else is a leaf. A new field is therefore a
 //!   new key here without anyone listing it;
 //! - deploy/README.md names every panel of the dashboard and every alert
-//!   of the PrometheusRule, and the README every alert. (That the README
-//!   lists every metric a live hoist exports is checked where a live hoist
-//!   runs: tests/validate.rs.)
+//!   of the PrometheusRule, and docs/operating.md every alert. (That
+//!   docs/operating.md lists every metric a live hoist exports is checked
+//!   where a live hoist runs: tests/validate.rs.)
+//! - every address a YAML snippet of the docs names is one the shipped
+//!   config allows, and every KEDA object they show (trigger lists taken
+//!   as ScaledObjects) is valid against KEDA's CRDs (that hoist accepts
+//!   each is checked where a hoist runs: tests/validate.rs);
+//! - every relative link and `#anchor` of the docs resolves (`links.rs`);
+//! - docs/troubleshooting.md has an entry for every error type a user
+//!   meets, and every message it quotes is one the code can produce
+//!   (`errors.rs`).
 
+#[path = "docs/errors.rs"]
+mod errors;
+#[path = "docs/links.rs"]
+mod links;
 mod manifests;
 
 use std::collections::BTreeSet;
 
 use hoist::config::{Overrides, Settings, SourcePattern};
-use manifests::root;
+use manifests::{crds, root, snippets};
 use serde::Deserialize;
 use toml::{Table, Value};
 
@@ -168,15 +180,15 @@ fn segments_match(doc: &[&str], key: &[&str]) -> bool {
             .all(|(d, k)| d == k || placeholder(d) || placeholder(k))
 }
 
-/// The keys of the README's configuration reference table: the backticked
+/// The keys of docs/configuration.md's reference table: the backticked
 /// names of each row's first cell; `.key_file` after `grpc.tls.cert_file`
 /// is `grpc.tls.key_file`; an alias is not a key.
-fn readme_keys() -> BTreeSet<String> {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let section = readme
-        .split("\n## Configuration reference\n")
+fn reference_keys() -> BTreeSet<String> {
+    let page = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
+    let section = page
+        .split("\n## Every key\n")
         .nth(1)
-        .expect("README has a configuration reference")
+        .expect("docs/configuration.md has its table under `## Every key`")
         .split("\n## ")
         .next()
         .unwrap();
@@ -250,7 +262,7 @@ fn collect(path: &mut String, value: &Value, keys: &mut BTreeSet<String>) {
 }
 
 #[test]
-fn every_config_key_is_in_the_readme_table_and_the_example_config() {
+fn every_config_key_is_in_the_reference_table_and_the_example_config() {
     let keys = config_keys();
     // The derivation finds what it must: nested structs, options, lists of
     // tables, maps.
@@ -267,16 +279,16 @@ fn every_config_key_is_in_the_readme_table_and_the_example_config() {
     }
     assert!(!keys.contains("stateFile"), "aliases are not keys");
 
-    let readme = readme_keys();
-    let missing = unmatched(&keys, &readme, |key, doc| names(doc, key));
+    let reference = reference_keys();
+    let missing = unmatched(&keys, &reference, |key, doc| names(doc, key));
     assert!(
         missing.is_empty(),
-        "not in README's configuration reference: {missing:?}"
+        "not in docs/configuration.md's reference: {missing:?}"
     );
-    let stale = unmatched(&readme, &keys, names);
+    let stale = unmatched(&reference, &keys, names);
     assert!(
         stale.is_empty(),
-        "README documents keys hoist refuses: {stale:?}"
+        "docs/configuration.md documents keys hoist refuses: {stale:?}"
     );
 
     let example = example_keys();
@@ -328,10 +340,10 @@ fn flat(text: &str) -> String {
 }
 
 #[test]
-fn the_deploy_readme_names_every_panel_and_alert_and_the_readme_every_alert() {
+fn the_deploy_readme_names_every_panel_and_alert_and_the_operating_page_every_alert() {
     let read = |file: &str| std::fs::read_to_string(root().join(file)).unwrap();
     let deploy_readme = flat(&read("deploy/README.md"));
-    let readme = flat(&read("README.md"));
+    let operating = flat(&read("docs/operating.md"));
     let dashboard: serde_json::Value =
         serde_json::from_str(&read("deploy/monitoring/grafana-dashboard.json")).unwrap();
     let panels: Vec<&str> = dashboard["panels"]
@@ -369,12 +381,15 @@ fn the_deploy_readme_names_every_panel_and_alert_and_the_readme_every_alert() {
             deploy_readme.contains(&named),
             "deploy/README.md lacks {alert}"
         );
-        assert!(readme.contains(&named), "README.md lacks {alert}");
+        assert!(
+            operating.contains(&named),
+            "docs/operating.md lacks {alert}"
+        );
     }
 }
 
 #[test]
-fn the_readmes_trigger_snippets_point_at_sources_the_shipped_config_allows() {
+fn the_docs_yaml_snippets_point_at_sources_the_shipped_config_allows() {
     let docs = manifests::documents("deploy/kubernetes");
     let config = manifests::config_text(&docs, manifests::named(&docs, "Deployment", "hoist"));
     let settings = manifests::load_ok("hoist.yaml", config);
@@ -385,12 +400,10 @@ fn the_readmes_trigger_snippets_point_at_sources_the_shipped_config_allows() {
         .map(|p| SourcePattern::new(p).unwrap())
         .collect();
     assert!(!patterns.is_empty(), "hoist.yaml limits its sources");
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let source = regex::Regex::new(r"^\s+(address|bootstrapServers):\s*(\S+)").unwrap();
+    let source = regex::Regex::new(r"^\s+(address|addresses|bootstrapServers):\s*(\S+)").unwrap();
     let mut checked = 0;
-    for block in readme.split("```yaml\n").skip(1) {
-        let block = block.split("```").next().unwrap();
-        for line in block.lines() {
+    for block in snippets::yaml_blocks() {
+        for line in block.text.lines() {
             let Some(found) = source.captures(line) else {
                 continue;
             };
@@ -398,12 +411,26 @@ fn the_readmes_trigger_snippets_point_at_sources_the_shipped_config_allows() {
                 checked += 1;
                 assert!(
                     patterns.iter().any(|p| p.allows(address)),
-                    "README's `{}: {address}` is refused by hoist.yaml's allowed_sources {:?}",
+                    "{}: `{}: {address}` is refused by hoist.yaml's allowed_sources {:?}",
+                    block.at,
                     &found[1],
                     settings.limits.allowed_sources
                 );
             }
         }
     }
-    assert!(checked >= 3, "{checked} addresses");
+    assert!(checked >= 8, "{checked} addresses");
+}
+
+#[test]
+fn every_keda_object_the_docs_show_is_valid_against_kedas_crds() {
+    let keda = crds::Keda::load();
+    let mut kinds = BTreeSet::new();
+    for (at, object) in snippets::keda_objects() {
+        let object = manifests::json(&object);
+        let errors = keda.errors(&object);
+        assert!(errors.is_empty(), "{at}: {errors:#?}");
+        kinds.insert(object["kind"].as_str().unwrap().to_string());
+    }
+    assert_eq!(kinds, crds::kinds_shown());
 }

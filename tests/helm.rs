@@ -728,7 +728,7 @@ fn bad_values_fail_the_render_with_a_reason() {
             "auth:\n  a-b:\n    namespaces: [x]\n    c: { secretKeyRef: { name: s, key: k } }\n  a:\n    namespaces: [x]\n    b-c: { secretKeyRef: { name: s, key: k } }\n",
             "AUTH_A_B_C",
         ),
-        // A profile is bound to namespaces (README: Credentials).
+        // A profile is bound to namespaces (docs/credentials.md).
         (
             "auth:\n  orders:\n    password: { secretKeyRef: { name: s, key: k } }\n",
             "namespaces",

@@ -369,7 +369,7 @@ mod tests {
         assert!(warnings[0].contains("cooldownPeriod (300 s, KEDA's default)"));
         assert!(warnings[1].contains("300 s, the HPA's default"));
 
-        // The pass-through settings the README shows: nothing to say.
+        // The pass-through settings docs/engine.md recommends: nothing to say.
         let through = view(json!({
             "scaleTargetRef": {"name": "worker"},
             "maxReplicaCount": 20,

@@ -20,6 +20,9 @@
 
 #![allow(dead_code)] // tests/deploy.rs and tests/helm.rs use different parts
 
+pub mod crds;
+pub mod snippets;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -247,6 +250,33 @@ pub fn config_text<'a>(docs: &'a [Yaml], deployment: &Yaml) -> &'a str {
     config_map["data"][key.as_str()]
         .as_str()
         .unwrap_or_else(|| panic!("ConfigMap {} has no key {key}", name(config_map)))
+}
+
+/// `helm template` of the chart as release `hoist` in namespace `keda`,
+/// with these values files (`HELM_BIN`, or `helm` on the PATH).
+pub fn helm_template(values: &[&str]) -> Vec<Yaml> {
+    let helm = std::env::var("HELM_BIN").unwrap_or_else(|_| "helm".into());
+    let mut args = vec![
+        "template",
+        "hoist",
+        "deploy/helm/hoist",
+        "--namespace",
+        "keda",
+    ];
+    for file in values {
+        args.extend(["--values", file]);
+    }
+    let output = std::process::Command::new(&helm)
+        .args(&args)
+        .current_dir(root())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{helm}` ({e}): scripts/helm.sh installs it"));
+    assert!(
+        output.status.success(),
+        "helm {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    parse("helm template", &String::from_utf8(output.stdout).unwrap())
 }
 
 /// hoist's own loader on a config text (no environment, no flags).

@@ -6,6 +6,8 @@
 //! binary exits. hoist talks to it as the ServiceAccount the Helm chart
 //! renders, with exactly the chart's RBAC.
 
+#![allow(dead_code)] // tests/controlplane.rs and tests/walkthrough.rs use different parts
+
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -338,6 +340,22 @@ impl ControlPlane {
         revision
     }
 
+    /// hoist with `settings` as the chart's ServiceAccount (unless they
+    /// name a kubeconfig of their own, e.g. another token of it), its gRPC
+    /// on `grpc` (a port KEDA is told), its admin port on a free one.
+    pub async fn start_hoist(
+        &self,
+        mut settings: hoist::config::Settings,
+        grpc: u16,
+    ) -> crate::support::Hoist {
+        settings.grpc.listen = format!("127.0.0.1:{grpc}").parse().unwrap();
+        settings
+            .kubernetes
+            .kubeconfig
+            .get_or_insert_with(|| self.hoist_kubeconfig.clone());
+        crate::support::Hoist::start_with(settings).await
+    }
+
     /// A namespace of the test's own (each test its own: they run at once).
     pub fn namespace(&self, name: &str) -> String {
         self.must(&["create", "namespace", name]);
@@ -376,6 +394,19 @@ pub async fn client_from(kubeconfig: &Path) -> kube::Client {
             .await
             .unwrap();
     kube::Client::try_from(config).unwrap()
+}
+
+/// The replicas a Deployment asks for (`spec.replicas`, what KEDA and the
+/// HPA write).
+pub async fn replicas(
+    deployments: &kube::Api<k8s_openapi::api::apps::v1::Deployment>,
+    name: &str,
+) -> Option<i32> {
+    deployments
+        .get(name)
+        .await
+        .ok()
+        .and_then(|deployment| deployment.spec?.replicas)
 }
 
 /// Records every value `read` returns, in order, until `done` holds for
