@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# KEDA's built-in `redis` scaler and hoist's `external` trigger, side by
-# side, called by the real KEDA operator (scripts/controlplane.sh): N
-# ScaledObjects on one Redis list, the same intervals, once per scaler.
+# KEDA's built-in `redis` scaler and hoist's `external` and
+# `external-push` triggers, side by side, called by the real KEDA operator
+# (scripts/controlplane.sh): N ScaledObjects on one Redis list, the same
+# intervals, once per scaler.
 # For each: Redis commands per second (`INFO commandstats`), KEDA
 # operator's CPU and RSS (and hoist's), and the time from one push to the
 # list to the Deployments' 0 → 1. A benchmark: it prints and records,
@@ -84,20 +85,28 @@ ticks() {
   echo "$total"
 }
 rss_mib() { awk '/^VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
-# Commands Redis ran, INFO itself not counted.
-commands() { redis info commandstats | awk -F'[:=,]' '/^cmdstat_/ && $1 != "cmdstat_info" {n += $3} END {print n + 0}'; }
+# Calls per command Redis ran ("name calls" lines), INFO itself not counted.
+command_calls() { redis info commandstats | awk -F'[:=,]' '/^cmdstat_/ && $1 != "cmdstat_info" {sub("cmdstat_", "", $1); print $1, $3}'; }
+total() { awk '{n += $2} END {print n + 0}' "$1"; }
+# "llen 1.0, ping 0.2": per second between two command_calls files.
+per_command() {
+  awk -v ms="$3" 'NR == FNR {before[$1] = $2; next} {d = $2 - before[$1]; if (d > 0) printf "%s%s %.1f", (n++ ? ", " : ""), $1, d * 1000 / ms}' "$1" "$2"
+}
 now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 
 # objects MODE N NAMESPACE: N Deployments at 0 and their ScaledObjects.
 objects() {
   local mode="$1" n="$2" namespace="$3" i trigger
-  if [ "$mode" = keda ]; then
+  case "$mode" in
+  keda)
     trigger="  - type: redis
     metadata: {address: \"127.0.0.1:$redis_port\", listName: jobs, listLength: \"5\"}"
-  else
-    trigger="  - type: external
+    ;;
+  *)
+    trigger="  - type: $( [ "$mode" = push ] && echo external-push || echo external)
     metadata: {scalerAddress: \"127.0.0.1:$grpc_port\", scaler: redis, address: \"127.0.0.1:$redis_port\", listName: jobs, listLength: \"5\", pollingInterval: \"$INTERVAL\"}"
-  fi
+    ;;
+  esac
   echo "apiVersion: v1
 kind: Namespace
 metadata: {name: $namespace}"
@@ -133,10 +142,16 @@ replicas_at_one() { # namespace: how many Deployments ask for 1 or more
 }
 
 rows=()
+commands_by_row=()
 for n in $OBJECTS; do
-  for mode in keda hoist; do
+  for mode in keda hoist push; do
     namespace="bench-$mode-$n"
-    echo "== $n ScaledObjects, $( [ "$mode" = keda ] && echo "KEDA's redis scaler" || echo "hoist (external)")"
+    case "$mode" in
+    keda) label="KEDA \`redis\`" ;;
+    hoist) label="hoist \`external\`" ;;
+    push) label="hoist \`external-push\`" ;;
+    esac
+    echo "== $n ScaledObjects, $label"
     redis del jobs >/dev/null
     objects "$mode" "$n" "$namespace" >"$work/$namespace.yaml"
     kubectl create -f "$work/$namespace.yaml" >/dev/null
@@ -149,14 +164,18 @@ for n in $OBJECTS; do
     echo "   $made HPAs; settling 20 s"
     sleep 20
     # Idle load: every ScaledObject inactive, KEDA polling each one.
-    op0=$(ticks "$operator_pid") hoist0=$(ticks "$hoist_pid") c0=$(commands) t0=$(now_ms)
+    command_calls >"$work/calls0"
+    op0=$(ticks "$operator_pid") hoist0=$(ticks "$hoist_pid") t0=$(now_ms)
     sleep "$WINDOW"
-    op1=$(ticks "$operator_pid") hoist1=$(ticks "$hoist_pid") c1=$(commands) t1=$(now_ms)
+    op1=$(ticks "$operator_pid") hoist1=$(ticks "$hoist_pid") t1=$(now_ms)
+    command_calls >"$work/calls1"
+    c0=$(total "$work/calls0") c1=$(total "$work/calls1")
     hz=$(getconf CLK_TCK)
     elapsed_ms=$((t1 - t0))
     per_second=$(awk -v c=$((c1 - c0)) -v ms="$elapsed_ms" 'BEGIN {printf "%.1f", c * 1000 / ms}')
     operator_cpu=$(awk -v t=$((op1 - op0)) -v hz="$hz" -v ms="$elapsed_ms" 'BEGIN {printf "%.1f", t * 100000 / hz / ms}')
     hoist_cpu=$(awk -v t=$((hoist1 - hoist0)) -v hz="$hz" -v ms="$elapsed_ms" 'BEGIN {printf "%.1f", t * 100000 / hz / ms}')
+    by_command=$(per_command "$work/calls0" "$work/calls1" "$elapsed_ms")
     operator_rss=$(rss_mib "$operator_pid")
     hoist_rss=$(rss_mib "$hoist_pid")
     clients=$(redis info clients | awk -F: '/^connected_clients/ {print $2 + 0}')
@@ -173,10 +192,11 @@ for n in $OBJECTS; do
     done
     first_s=$(awk -v ms="${first:-0}" 'BEGIN {printf "%.1f", ms / 1000}')
     last_s=$( [ -n "$last" ] && awk -v ms="$last" 'BEGIN {printf "%.1f", ms / 1000}' || echo "not all in 180")
-    label=$( [ "$mode" = keda ] && echo "KEDA \`redis\`" || echo "hoist \`external\`")
-    hoist_cells=$( [ "$mode" = hoist ] && echo "$hoist_cpu % / $hoist_rss MiB" || echo "–")
+    hoist_cells=$( [ "$mode" = keda ] && echo "–" || echo "$hoist_cpu % / $hoist_rss MiB")
     rows+=("| $n | $label | $per_second | $clients | $operator_cpu % | $operator_rss MiB | $hoist_cells | $first_s s | $last_s s |")
+    commands_by_row+=("- $n ScaledObjects, $label: ${by_command:-none}")
     echo "   ${rows[-1]}"
+    echo "   Redis commands per second: ${by_command:-none}"
     redis del jobs >/dev/null
     kubectl delete namespace "$namespace" --wait=true --timeout=600s >/dev/null
     sleep 10
@@ -194,6 +214,10 @@ table="$work/table.md"
   echo "| ScaledObjects | scaler | Redis commands/s | Redis clients | KEDA operator CPU | KEDA operator RSS | hoist CPU / RSS | push → first 0 → 1 | push → every 0 → 1 |"
   echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
   printf '%s\n' "${rows[@]}"
+  echo
+  echo "Redis commands per second, by command:"
+  echo
+  printf '%s\n' "${commands_by_row[@]}"
 } >"$table"
 if [ "$DOC" = "-" ]; then
   cat "$table"
