@@ -373,7 +373,6 @@ impl Cluster {
         Ok(self.jobs.get(&key))
     }
 
-    /// Every ScaledObject the watch has.
     /// The ScaledObjects calling hoist that KEDA has not set up, by
     /// namespace and name (see [`unreconciled`]).
     pub fn unreconciled(&self) -> Vec<String> {
@@ -388,6 +387,7 @@ impl Cluster {
         found
     }
 
+    /// Every ScaledObject the watch has.
     pub fn all_scaled_objects(&self) -> Vec<Arc<DynamicObject>> {
         self.objects.state()
     }

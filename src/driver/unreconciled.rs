@@ -54,8 +54,11 @@ impl UnreconciledObjects {
                 announce(cluster, found);
             }
         }
+        // Left the state: set up by KEDA, unless it was deleted.
         for (namespace, name) in self.by_object.keys().filter(|key| !now.contains_key(*key)) {
-            info!(%namespace, scaled_object = %name, "KEDA has set up the ScaledObject it had not");
+            if cluster.raw_scaled_object(namespace, name).is_some() {
+                info!(%namespace, scaled_object = %name, "KEDA has set up the ScaledObject it had not");
+            }
         }
         driver
             .inner
@@ -67,7 +70,7 @@ impl UnreconciledObjects {
 }
 
 /// The Event's note: what KEDA said, what happens next, what to do now.
-pub fn advice(found: &Unreconciled) -> String {
+fn advice(found: &Unreconciled) -> String {
     format!(
         "KEDA could not set up this ScaledObject and made no HPA (Ready=False, ScaledObjectCheckFailed: {}). \
          hoist is serving its triggers now. KEDA retries on its own backoff, which after a long outage of its \
