@@ -232,6 +232,9 @@ impl Server {
             };
             watch_config(source, &settings, targets, &mut registry, &cancel)
         });
+        if let Ok(address) = grpc.local_addr() {
+            driver.set_grpc_port(address.port());
+        }
         if let Some(cluster) = Cluster::connect(&settings.kubernetes, cancel.clone()).await? {
             driver.set_cluster(cluster);
         }

@@ -365,7 +365,7 @@ pub fn snapshot(driver: &Driver) -> Status {
         kubernetes: driver.cluster().map(|cluster| KubernetesStatus {
             server: cluster.server().to_string(),
             error: cluster.watch_error(),
-            unreconciled: cluster.unreconciled(),
+            unreconciled: cluster.unreconciled(driver.grpc_port()),
         }),
         config: None,
         routes: driver

@@ -94,11 +94,26 @@ impl Unreconciled {
     }
 }
 
-/// `object` if it is a ScaledObject with a trigger for hoist (`external`
-/// or `external-push` with hoist's `scaler` key) that KEDA marks
+/// `object` if it is a ScaledObject with a trigger for this hoist
+/// (`external` or `external-push` with hoist's `scaler` key, and a
+/// `scalerAddress` on `grpc_port` when that is known) that KEDA marks
 /// `Ready=False/ScaledObjectCheckFailed` and has made no HPA for. With an
 /// HPA, KEDA's adapter asks hoist again on the HPA's next sync by itself.
-pub fn unreconciled(object: &DynamicObject) -> Option<Unreconciled> {
+/// The port keeps apart hoists that watch one cluster for different
+/// ScaledObjects (another install, a test's other hoists): each speaks
+/// only of those KEDA calls it for. Replicas of one hoist each speak.
+pub fn unreconciled(object: &DynamicObject, grpc_port: Option<u16>) -> Option<Unreconciled> {
+    let on_our_port = |trigger: &Value| {
+        let Some(port) = grpc_port else {
+            return true;
+        };
+        trigger
+            .pointer("/metadata/scalerAddress")
+            .and_then(Value::as_str)
+            .and_then(|address| address.rsplit_once(':'))
+            .and_then(|(_, written)| written.parse::<u16>().ok())
+            == Some(port)
+    };
     let calls_hoist = object
         .data
         .pointer("/spec/triggers")
@@ -109,6 +124,7 @@ pub fn unreconciled(object: &DynamicObject) -> Option<Unreconciled> {
                 trigger.get("type").and_then(Value::as_str),
                 Some("external" | "external-push")
             ) && trigger.pointer("/metadata/scaler").is_some()
+                && on_our_port(trigger)
         });
     let status = object.data.get("status")?;
     let no_hpa = status
@@ -169,9 +185,20 @@ mod tests {
         status
     }
 
+    fn unreconciled_any(object: &DynamicObject) -> Option<Unreconciled> {
+        unreconciled(object, None)
+    }
+
+    #[test]
+    fn only_the_hoist_on_the_trigger_s_port_speaks_of_it() {
+        let object = object(hoist_trigger(), failed(None));
+        assert!(unreconciled(&object, Some(9090)).is_some());
+        assert_eq!(unreconciled(&object, Some(9091)), None);
+    }
+
     #[test]
     fn keda_failing_to_set_up_a_hoist_scaledobject_is_seen() {
-        let found = unreconciled(&object(hoist_trigger(), failed(None))).unwrap();
+        let found = unreconciled_any(&object(hoist_trigger(), failed(None))).unwrap();
         assert_eq!(
             (found.namespace.as_str(), found.name.as_str()),
             ("jobs", "worker")
@@ -182,20 +209,23 @@ mod tests {
     #[test]
     fn with_an_hpa_another_scaler_or_a_ready_object_there_is_nothing_to_say() {
         assert_eq!(
-            unreconciled(&object(hoist_trigger(), failed(Some("keda-hpa-worker")))),
+            unreconciled_any(&object(hoist_trigger(), failed(Some("keda-hpa-worker")))),
             None
         );
         let keda_redis =
             json!([{"type": "redis", "metadata": {"address": "redis:6379", "listName": "jobs"}}]);
-        assert_eq!(unreconciled(&object(keda_redis, failed(None))), None);
+        assert_eq!(unreconciled_any(&object(keda_redis, failed(None))), None);
         let another_external =
             json!([{"type": "external", "metadata": {"scalerAddress": "other:9090"}}]);
-        assert_eq!(unreconciled(&object(another_external, failed(None))), None);
+        assert_eq!(
+            unreconciled_any(&object(another_external, failed(None))),
+            None
+        );
         let mut ready = failed(None);
         ready["conditions"][0]["status"] = json!("True");
         ready["conditions"][0]["reason"] = json!("ScaledObjectReady");
-        assert_eq!(unreconciled(&object(hoist_trigger(), ready)), None);
-        assert_eq!(unreconciled(&object(hoist_trigger(), json!({}))), None);
+        assert_eq!(unreconciled_any(&object(hoist_trigger(), ready)), None);
+        assert_eq!(unreconciled_any(&object(hoist_trigger(), json!({}))), None);
     }
 
     #[test]

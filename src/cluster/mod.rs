@@ -373,14 +373,14 @@ impl Cluster {
         Ok(self.jobs.get(&key))
     }
 
-    /// The ScaledObjects calling hoist that KEDA has not set up, by
-    /// namespace and name (see [`unreconciled`]).
-    pub fn unreconciled(&self) -> Vec<String> {
+    /// The ScaledObjects calling the hoist on `grpc_port` that KEDA has not
+    /// set up, by namespace and name (see [`unreconciled`]).
+    pub fn unreconciled(&self, grpc_port: Option<u16>) -> Vec<String> {
         let mut found: Vec<String> = self
             .objects
             .state()
             .iter()
-            .filter_map(|object| unreconciled(object))
+            .filter_map(|object| unreconciled(object, grpc_port))
             .map(|found| format!("{}/{}", found.namespace, found.name))
             .collect();
         found.sort();

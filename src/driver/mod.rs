@@ -583,6 +583,8 @@ struct Inner {
     restored: Mutex<std::collections::BTreeMap<String, crate::engine::State>>,
     /// The cluster, when engine mode can read it.
     cluster: std::sync::OnceLock<Arc<Cluster>>,
+    /// The port KEDA calls this hoist on (its gRPC listener's), once bound.
+    grpc_port: std::sync::OnceLock<u16>,
     /// Signalled when an engine's decision changes.
     changed: Arc<tokio::sync::Notify>,
     clock: Clock,
@@ -627,6 +629,7 @@ impl Driver {
                 targets: Arc::default(),
                 restored: Mutex::new(Default::default()),
                 cluster: std::sync::OnceLock::new(),
+                grpc_port: std::sync::OnceLock::new(),
                 changed,
                 clock: Clock::new(),
                 cancel,
@@ -653,6 +656,16 @@ impl Driver {
             ));
             tokio::spawn(cluster_follow::follow(self.clone(), cluster));
         }
+    }
+
+    /// Where KEDA calls this hoist: the gRPC listener's port, which tells
+    /// this hoist's ScaledObjects from another's in one cluster.
+    pub fn set_grpc_port(&self, port: u16) {
+        let _ = self.inner.grpc_port.set(port);
+    }
+
+    pub fn grpc_port(&self) -> Option<u16> {
+        self.inner.grpc_port.get().copied()
     }
 
     pub fn cluster(&self) -> Option<Arc<Cluster>> {

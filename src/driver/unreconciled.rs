@@ -44,8 +44,9 @@ impl UnreconciledObjects {
                 .filter_map(|(namespace, name)| cluster.raw_scaled_object(namespace, name))
                 .collect(),
         };
+        let port = driver.grpc_port();
         for object in objects {
-            if let Some(found) = unreconciled(&object) {
+            if let Some(found) = unreconciled(&object, port) {
                 now.insert((found.namespace.clone(), found.name.clone()), found);
             }
         }
