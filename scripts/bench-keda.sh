@@ -74,17 +74,8 @@ for port in "$redis_port" "$grpc_port"; do
 done
 redis() { redis-cli -p "$redis_port" "$@"; }
 
-# utime + stime (ticks) of a process and its children; its RSS in MiB.
-ticks() {
-  local total=0 p stat fields
-  for p in "$1" $(pgrep -P "$1" 2>/dev/null || true); do
-    stat=$(cat "/proc/$p/stat" 2>/dev/null) || continue
-    fields=(${stat##*) })
-    total=$((total + fields[11] + fields[12]))
-  done
-  echo "$total"
-}
-rss_mib() { awk '/^VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
+# ticks PID (utime + stime with its children), rss_mib PID.
+source scripts/proc.sh
 # Calls per command Redis ran ("name calls" lines), INFO itself not counted.
 command_calls() { redis info commandstats | awk -F'[:=,]' '/^cmdstat_/ && $1 != "cmdstat_info" {sub("cmdstat_", "", $1); print $1, $3}'; }
 total() { awk '{n += $2} END {print n + 0}' "$1"; }

@@ -209,18 +209,8 @@ wait_port() {
   done
 }
 ports() { "$LOAD" free-ports "$1"; }
-# utime + stime (ticks) of the given processes and their children.
-ticks() {
-  local total=0 pid stat fields
-  for pid in "$@"; do
-    for p in "$pid" $(pgrep -P "$pid" 2>/dev/null || true); do
-      stat=$(cat "/proc/$p/stat" 2>/dev/null) || continue
-      fields=(${stat##*) })
-      total=$((total + fields[11] + fields[12]))
-    done
-  done
-  echo "$total"
-}
+# ticks PID...: utime + stime of processes and their children.
+source scripts/proc.sh
 start_redis() { # port [extra args]
   local port="$1"
   shift
