@@ -83,14 +83,7 @@ pub struct Unreconciled {
 impl Unreconciled {
     /// The ScaledObject, for an Event on it.
     pub fn reference(&self) -> ObjectReference {
-        ObjectReference {
-            api_version: Some("keda.sh/v1alpha1".into()),
-            kind: Some("ScaledObject".into()),
-            name: Some(self.name.clone()),
-            namespace: Some(self.namespace.clone()),
-            uid: self.uid.clone(),
-            ..ObjectReference::default()
-        }
+        super::object::scaled_object_reference(&self.namespace, &self.name, self.uid.clone(), None)
     }
 }
 

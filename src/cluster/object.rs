@@ -35,6 +35,24 @@ impl ScaleTarget {
     }
 }
 
+/// A reference to ScaledObject `namespace/name`, for an Event on it.
+pub fn scaled_object_reference(
+    namespace: &str,
+    name: &str,
+    uid: Option<String>,
+    resource_version: Option<String>,
+) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("keda.sh/v1alpha1".into()),
+        kind: Some("ScaledObject".into()),
+        name: Some(name.to_string()),
+        namespace: Some(namespace.to_string()),
+        uid,
+        resource_version,
+        field_path: None,
+    }
+}
+
 /// One ScaledObject, as far as engine mode needs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScaledObjectView {
@@ -188,15 +206,12 @@ impl ScaledObjectView {
 
     /// The reference Events point at.
     pub fn reference(&self) -> ObjectReference {
-        ObjectReference {
-            api_version: Some("keda.sh/v1alpha1".into()),
-            kind: Some("ScaledObject".into()),
-            name: Some(self.name.clone()),
-            namespace: Some(self.namespace.clone()),
-            uid: self.uid.clone(),
-            resource_version: self.resource_version.clone(),
-            field_path: None,
-        }
+        scaled_object_reference(
+            &self.namespace,
+            &self.name,
+            self.uid.clone(),
+            self.resource_version.clone(),
+        )
     }
 
     /// The count KEDA caps the HPA at.
