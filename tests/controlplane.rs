@@ -500,13 +500,30 @@ async fn engine_mode_steps_one_four_eight_through_the_real_hpa() {
 /// The HPA's `scaleUp` policy of the next two scenarios: one pod per 4 s.
 const ONE_POD_PER_4S: &str = "[{type: Pods, value: 1, periodSeconds: 4}]";
 
-/// How long the worker took from 1 replica to `last`, seen every 200 ms,
-/// with the trajectory on the way.
-async fn climb(scene: &Scene, last: i32) -> (Vec<i32>, Duration) {
+/// A worker under an HPA of one pod per 4 s (KEDA polling every 2 s),
+/// with the trigger's `behavior` line `trigger_behavior`, given 50 jobs
+/// at 5 per replica: the scene, the replicas it went through from 1 to
+/// 10, and how long that took.
+async fn one_pod_per_4s(
+    plane: &ControlPlane,
+    name: &str,
+    trigger_behavior: &str,
+) -> (Scene, Vec<i32>, Duration) {
+    let scene = Scene::start(plane, name, RedisServer::start(), |_| {}).await;
+    plane.apply(&engine_object(
+        &scene.namespace,
+        scene.grpc,
+        &scene.redis,
+        10,
+        ONE_POD_PER_4S,
+        trigger_behavior,
+    ));
+    scene.redis.fill("jobs", 50);
     scene.reaches(1).await;
     let from_one = std::time::Instant::now();
-    let seen = scene.reaches(last).await;
-    (seen, from_one.elapsed())
+    let seen = scene.reaches(10).await;
+    let took = from_one.elapsed();
+    (scene, seen, took)
 }
 
 /// The closed-loop model's `an_adopted_rate_policy_is_met_at_its_own_pace`
@@ -519,18 +536,7 @@ async fn climb(scene: &Scene, last: i32) -> (Vec<i32>, Duration) {
 async fn an_adopted_behavior_policy_is_stepped_one_pod_at_a_time_by_the_real_hpa() {
     let plane = control_plane();
     let _shared = DISRUPTION.read().await;
-    let scene = Scene::start(plane, "adopted", RedisServer::start(), |_| {}).await;
-    let (namespace, redis, grpc) = (&scene.namespace, &scene.redis, scene.grpc);
-    plane.apply(&engine_object(
-        namespace,
-        grpc,
-        redis,
-        10,
-        ONE_POD_PER_4S,
-        "",
-    ));
-    redis.fill("jobs", 50);
-    let (seen, took) = climb(&scene, 10).await;
+    let (scene, seen, took) = one_pod_per_4s(plane, "adopted", "").await;
     eprintln!(
         "adopted 1 pod per 4 s, real HPA: replicas went {seen:?}, 1 → 10 in {:.1} s (the policy allows 36 s)",
         took.as_secs_f64()
@@ -550,24 +556,18 @@ async fn an_adopted_behavior_policy_is_stepped_one_pod_at_a_time_by_the_real_hpa
 async fn an_hpa_policy_stricter_than_the_engine_holds_and_hoist_says_so() {
     let plane = control_plane();
     let _shared = DISRUPTION.read().await;
-    let scene = Scene::start(plane, "strict-hpa", RedisServer::start(), |_| {}).await;
-    let (namespace, redis, grpc) = (&scene.namespace, &scene.redis, scene.grpc);
-    plane.apply(&engine_object(
-        namespace,
-        grpc,
-        redis,
-        10,
-        ONE_POD_PER_4S,
-        "behavior: none",
-    ));
-    redis.fill("jobs", 50);
-    let (seen, took) = climb(&scene, 10).await;
+    let (scene, seen, took) = one_pod_per_4s(plane, "strict-hpa", "behavior: none").await;
     eprintln!(
         "ACA steps under an HPA of 1 pod per 4 s, real HPA: replicas went {seen:?}, 1 → 10 in {:.1} s",
         took.as_secs_f64()
     );
     assert_eq!(seen, (1..=10).collect::<Vec<_>>(), "the HPA's limit wins");
-    let warned = hoist_events(&scene.client, namespace, "EngineLimitedByScaledObject").await;
+    let warned = hoist_events(
+        &scene.client,
+        &scene.namespace,
+        "EngineLimitedByScaledObject",
+    )
+    .await;
     assert!(!warned.is_empty(), "hoist says the HPA limits the engine");
     assert_hoist_never_forbidden(plane);
     scene.hoist.stop().await.unwrap();
