@@ -18,7 +18,7 @@
 #
 # Where it comes from: each component is built from its published Go
 # module by the wrapper modules in tools/ (go.mod, go.sum and tool lines,
-# nothing else): tools/kubernetes (k8s.io/kubernetes v1.35.4 and
+# nothing else): tools/kubernetes (k8s.io/kubernetes and
 # go.etcd.io/etcd/server/v3) and tools/keda (github.com/kedacore/keda/v2).
 # Go's own caches (GOCACHE, GOMODCACHE under the home directory) are kept,
 # so a second build, also from a fresh clone, only links.
@@ -30,12 +30,31 @@
 #   HPA_SYNC_PERIOD      the HPA controller's sync period (default 2s)
 #   CONTROLPLANE_PARENT  a pid: `up` leaves a watcher that runs `down`
 #                        when that process ends (the test binary's own)
+#   CONTROLPLANE_VERSIONS  `current` (default): KEDA v2.21.0 on Kubernetes
+#                        v1.36.5, from tools/kubernetes and tools/keda;
+#                        `previous`: KEDA v2.20.2 on Kubernetes v1.35.4, from
+#                        tools/previous/, built into target/controlplane/bin-previous
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
-KUBERNETES_VERSION="v1.35.4"
-BIN="$ROOT/target/controlplane/bin"
+case "${CONTROLPLANE_VERSIONS:-current}" in
+  current)
+    KUBERNETES_VERSION="v1.36.5"
+    TOOLS="$ROOT/tools"
+    BIN="$ROOT/target/controlplane/bin"
+    ;;
+  previous)
+    KUBERNETES_VERSION="v1.35.4"
+    TOOLS="$ROOT/tools/previous"
+    BIN="$ROOT/target/controlplane/bin-previous"
+    ;;
+  *)
+    echo "controlplane: CONTROLPLANE_VERSIONS is current or previous, not ${CONTROLPLANE_VERSIONS}" >&2
+    exit 2
+    ;;
+esac
+KUBERNETES_MINOR="$(echo "$KUBERNETES_VERSION" | cut -d. -f2)"
 DIR="${CONTROLPLANE_DIR:-$ROOT/target/controlplane/run}"
 HPA_SYNC_PERIOD="${HPA_SYNC_PERIOD:-2s}"
 
@@ -51,7 +70,7 @@ BUILD_RECIPE=1
 # again when they change (Go's cache keeps that cheap; the stamp spares
 # even the link when nothing did).
 stamp_of() {
-  { cat "$ROOT/tools/$1/go.mod" "$ROOT/tools/$1/go.sum"; echo "$BUILD_RECIPE $KUBERNETES_VERSION"; } |
+  { cat "$TOOLS/$1/go.mod" "$TOOLS/$1/go.sum"; echo "$BUILD_RECIPE $KUBERNETES_VERSION"; } |
     sha256sum | cut -d' ' -f1
 }
 
@@ -70,21 +89,21 @@ build_module() {
 
 build_kubernetes() {
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION"
-  ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35"
+  ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$KUBERNETES_MINOR"
   ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
-  say "building kube-apiserver, kube-controller-manager and etcd (tools/kubernetes)"
-  go -C tools/kubernetes build -trimpath -ldflags "$ldflags" -o "$BIN/" \
+  say "building kube-apiserver, kube-controller-manager and etcd $KUBERNETES_VERSION ($TOOLS/kubernetes)"
+  go -C "$TOOLS/kubernetes" build -trimpath -ldflags "$ldflags" -o "$BIN/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
-  go -C tools/kubernetes build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
+  go -C "$TOOLS/kubernetes" build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
 }
 
 build_keda() {
-  say "building KEDA's operator and metrics adapter (tools/keda)"
-  go -C tools/keda build -trimpath -ldflags "-s -w" -o "$BIN/keda-operator" github.com/kedacore/keda/v2/cmd/operator
-  go -C tools/keda build -trimpath -ldflags "-s -w" -o "$BIN/keda-adapter" github.com/kedacore/keda/v2/cmd/adapter
+  say "building KEDA's operator and metrics adapter ($TOOLS/keda)"
+  go -C "$TOOLS/keda" build -trimpath -ldflags "-s -w" -o "$BIN/keda-operator" github.com/kedacore/keda/v2/cmd/operator
+  go -C "$TOOLS/keda" build -trimpath -ldflags "-s -w" -o "$BIN/keda-adapter" github.com/kedacore/keda/v2/cmd/adapter
   # KEDA's CRDs, from the same module.
   local keda_dir
-  keda_dir="$(go -C tools/keda list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)"
+  keda_dir="$(go -C "$TOOLS/keda" list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)"
   rm -rf "$BIN/keda-crds"
   mkdir -p "$BIN/keda-crds"
   cp "$keda_dir"/config/crd/bases/*.yaml "$BIN/keda-crds/"
