@@ -53,6 +53,11 @@ pub struct Context {
     /// cluster by the caller; the trigger uses them as it would an auth
     /// profile's. `None`: the trigger has none, or it was not looked up.
     pub authentication: Option<crate::metadata::AuthParams>,
+    /// The scale target each of hoist's config routes sets, by route name
+    /// (`interceptor.http_routes[].concurrent_requests`,
+    /// `tcp_routes[].concurrent_connections`): an `http`/`tcp` trigger
+    /// naming the route takes it when it sets none itself.
+    pub route_targets: std::sync::Arc<std::collections::BTreeMap<String, f64>>,
 }
 
 impl Default for Context {
@@ -62,6 +67,7 @@ impl Default for Context {
             owner: None,
             cluster_domain: "cluster.local".to_string(),
             authentication: None,
+            route_targets: Default::default(),
         }
     }
 }

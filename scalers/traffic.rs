@@ -77,7 +77,14 @@ fn parse(scaler: &'static str, params: &Params, context: &Context) -> Result<Tri
         Some(spec) => RouteSelector::Name(spec.name.clone()),
         None => selected_route(protocol, params)?,
     };
-    let target = params.number::<f64>(&[keys.target], METADATA, DEFAULT_TARGET)?;
+    // A config route may set the target of the triggers naming it; the
+    // trigger's own key still wins.
+    let route_target = match (&declared, &route) {
+        (None, RouteSelector::Name(name)) => context.route_targets.get(name).copied(),
+        _ => None,
+    };
+    let default_target = route_target.unwrap_or(DEFAULT_TARGET);
+    let target = params.number::<f64>(&[keys.target], METADATA, default_target)?;
     if !(target >= 1.0 && target.is_finite()) {
         return Err(MetadataError::invalid(keys.target, "must be a number of at least 1"));
     }

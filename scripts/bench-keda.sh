@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # KEDA's built-in `redis` scaler and hoist's `external` and
 # `external-push` triggers, side by side, called by the real KEDA operator
-# (scripts/controlplane.sh): N ScaledObjects on one Redis list, the same
-# intervals, once per scaler.
-# For each: Redis commands per second (`INFO commandstats`), KEDA
-# operator's CPU and RSS (and hoist's), and the time from one push to the
-# list to the Deployments' 0 → 1. A benchmark: it prints and records,
-# never fails anything. Part 9 of scripts/bench.sh; runs alone too:
+# (scripts/controlplane.sh): N ScaledObjects on one Redis list, once per
+# row (a scaler and KEDA's pollingInterval).
+# For each: Redis commands per second (`INFO commandstats`) and Redis's own
+# CPU, KEDA operator's CPU and RSS (and hoist's), the time from one push to
+# the list to the Deployments' 0 → 1, and from emptying the list to every
+# Deployment back at 0. A benchmark: it prints and records, never fails
+# anything. Part 9 of scripts/bench.sh; runs alone too:
 #
 #   scripts/bench-keda.sh
 #
 # Knobs (environment):
 #   BENCH_KEDA_OBJECTS="100 1000"   ScaledObjects per row
-#   BENCH_KEDA_INTERVAL=5           pollingInterval of every ScaledObject (s)
+#   BENCH_KEDA_ROWS="keda:5 hoist:5 push:5 push:60 push:300"
+#                                   SCALER:INTERVAL: `keda` (KEDA's `redis`),
+#                                   `hoist` (`external`) or `push`
+#                                   (`external-push`), at that pollingInterval
+#                                   of the ScaledObjects (s)
+#   BENCH_KEDA_SOURCE_INTERVAL=5    how often hoist polls the list (s): its
+#                                   triggers' pollingInterval, whatever KEDA's
 #   BENCH_KEDA_WINDOW=60            seconds over which load is measured
 #   BENCH_DOC=docs/BENCHMARKS.md    where the table goes ("-": standard output)
 #   BENCH_KEEP=1                    keep the work directory
@@ -21,7 +28,8 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
 OBJECTS="${BENCH_KEDA_OBJECTS:-100 1000}"
-INTERVAL="${BENCH_KEDA_INTERVAL:-5}"
+ROWS="${BENCH_KEDA_ROWS:-keda:5 hoist:5 push:5 push:60 push:300}"
+SOURCE_INTERVAL="${BENCH_KEDA_SOURCE_INTERVAL:-5}"
 WINDOW="${BENCH_KEDA_WINDOW:-60}"
 DOC="${BENCH_DOC:-docs/BENCHMARKS.md}"
 started_at=$(date +%s)
@@ -53,7 +61,8 @@ operator_pid="$(cat "$plane/pids/keda-operator")"
 read -r redis_port grpc_port admin_port <<<"$("$LOAD" free-ports 3)"
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
   --dir "$work" --maxclients 10000 >"$work/redis.log" 2>&1 &
-pids+=($!)
+redis_pid=$!
+pids+=("$redis_pid")
 # hoist as a passthrough scaler: no cluster access here (KEDA's side is
 # what is measured), callers trusted (loopback only).
 cat >"$work/hoist.toml" <<EOF
@@ -85,9 +94,10 @@ per_command() {
 }
 now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 
-# objects MODE N NAMESPACE: N Deployments at 0 and their ScaledObjects.
+# objects MODE N NAMESPACE INTERVAL: N Deployments at 0 and their
+# ScaledObjects, KEDA polling each every INTERVAL seconds.
 objects() {
-  local mode="$1" n="$2" namespace="$3" i trigger
+  local mode="$1" n="$2" namespace="$3" interval="$4" i trigger
   case "$mode" in
   keda)
     trigger="  - type: redis
@@ -95,7 +105,7 @@ objects() {
     ;;
   *)
     trigger="  - type: $( [ "$mode" = push ] && echo external-push || echo external)
-    metadata: {scalerAddress: \"127.0.0.1:$grpc_port\", scaler: redis, address: \"127.0.0.1:$redis_port\", listName: jobs, listLength: \"5\", pollingInterval: \"$INTERVAL\"}"
+    metadata: {scalerAddress: \"127.0.0.1:$grpc_port\", scaler: redis, address: \"127.0.0.1:$redis_port\", listName: jobs, listLength: \"5\", pollingInterval: \"$SOURCE_INTERVAL\"}"
     ;;
   esac
   echo "apiVersion: v1
@@ -118,7 +128,7 @@ kind: ScaledObject
 metadata: {name: worker-$i, namespace: $namespace}
 spec:
   scaleTargetRef: {name: worker-$i}
-  pollingInterval: $INTERVAL
+  pollingInterval: $interval
   cooldownPeriod: 30
   minReplicaCount: 0
   maxReplicaCount: 10
@@ -131,20 +141,24 @@ replicas_at_one() { # namespace: how many Deployments ask for 1 or more
   kubectl get deployments -n "$1" -o jsonpath='{range .items[*]}{.spec.replicas}{"\n"}{end}' |
     awk '$1 >= 1 {n++} END {print n + 0}'
 }
+seconds() { awk -v ms="$1" 'BEGIN {printf "%.1f", ms / 1000}'; }
 
 rows=()
 commands_by_row=()
+writes_by_row=()
 for n in $OBJECTS; do
-  for mode in keda hoist push; do
-    namespace="bench-$mode-$n"
+  for row in $ROWS; do
+    mode="${row%%:*}" interval="${row#*:}"
+    namespace="bench-$mode-$interval-$n"
     case "$mode" in
     keda) label="KEDA \`redis\`" ;;
     hoist) label="hoist \`external\`" ;;
     push) label="hoist \`external-push\`" ;;
+    *) echo "BENCH_KEDA_ROWS: $row is not keda|hoist|push:SECONDS" >&2; exit 2 ;;
     esac
-    echo "== $n ScaledObjects, $label"
+    echo "== $n ScaledObjects, $label, pollingInterval $interval s"
     redis del jobs >/dev/null
-    objects "$mode" "$n" "$namespace" >"$work/$namespace.yaml"
+    objects "$mode" "$n" "$namespace" "$interval" >"$work/$namespace.yaml"
     kubectl create -f "$work/$namespace.yaml" >/dev/null
     # Set up: KEDA has made an HPA for every ScaledObject.
     for _ in $(seq 600); do
@@ -156,9 +170,9 @@ for n in $OBJECTS; do
     sleep 20
     # Idle load: every ScaledObject inactive, KEDA polling each one.
     command_calls >"$work/calls0"
-    op0=$(ticks "$operator_pid") hoist0=$(ticks "$hoist_pid") t0=$(now_ms)
+    op0=$(ticks "$operator_pid") hoist0=$(ticks "$hoist_pid") redis0=$(ticks "$redis_pid") t0=$(now_ms)
     sleep "$WINDOW"
-    op1=$(ticks "$operator_pid") hoist1=$(ticks "$hoist_pid") t1=$(now_ms)
+    op1=$(ticks "$operator_pid") hoist1=$(ticks "$hoist_pid") redis1=$(ticks "$redis_pid") t1=$(now_ms)
     command_calls >"$work/calls1"
     c0=$(total "$work/calls0") c1=$(total "$work/calls1")
     hz=$(getconf CLK_TCK)
@@ -166,11 +180,13 @@ for n in $OBJECTS; do
     per_second=$(awk -v c=$((c1 - c0)) -v ms="$elapsed_ms" 'BEGIN {printf "%.1f", c * 1000 / ms}')
     operator_cpu=$(awk -v t=$((op1 - op0)) -v hz="$hz" -v ms="$elapsed_ms" 'BEGIN {printf "%.1f", t * 100000 / hz / ms}')
     hoist_cpu=$(awk -v t=$((hoist1 - hoist0)) -v hz="$hz" -v ms="$elapsed_ms" 'BEGIN {printf "%.1f", t * 100000 / hz / ms}')
+    redis_cpu=$(awk -v t=$((redis1 - redis0)) -v hz="$hz" -v ms="$elapsed_ms" 'BEGIN {printf "%.1f", t * 100000 / hz / ms}')
     by_command=$(per_command "$work/calls0" "$work/calls1" "$elapsed_ms")
     operator_rss=$(rss_mib "$operator_pid")
     hoist_rss=$(rss_mib "$hoist_pid")
     clients=$(redis info clients | awk -F: '/^connected_clients/ {print $2 + 0}')
     # One push: the time until the first and the last Deployment ask for 1.
+    operator_log_lines=$(wc -l <"$plane/logs/keda-operator.log")
     pushed=$(now_ms)
     redis lpush jobs job >/dev/null
     first="" last=""
@@ -181,34 +197,92 @@ for n in $OBJECTS; do
       if [ "$up" -ge "$n" ]; then last=$at; break; fi
       sleep 0.2
     done
-    first_s=$(awk -v ms="${first:-0}" 'BEGIN {printf "%.1f", ms / 1000}')
-    last_s=$( [ -n "$last" ] && awk -v ms="$last" 'BEGIN {printf "%.1f", ms / 1000}' || echo "not all in 180")
+    first_s=$( [ -n "$first" ] && seconds "$first" || echo "none in 180")
+    last_s=$( [ -n "$last" ] && seconds "$last" || echo "not all in 180")
+    # The list emptied: until every Deployment is back at 0 (KEDA's
+    # cooldown, then its next poll of each ScaledObject).
+    redis del jobs >/dev/null
+    emptied=$(now_ms) zero=""
+    zero_limit=$(( (interval + 30 + 180) * 1000 ))
+    while [ $(( $(now_ms) - emptied )) -lt "$zero_limit" ]; do
+      if [ "$(replicas_at_one "$namespace")" -eq 0 ]; then zero=$(( $(now_ms) - emptied )); break; fi
+      sleep 0.5
+    done
+    zero_s=$( [ -n "$zero" ] && seconds "$zero" || echo "not all in $(( zero_limit / 1000 ))")
+    # When KEDA wrote each 0 → 1 (the API server's audit log) and how long
+    # its API client waited on its own rate limit meanwhile (client-go logs
+    # waits over 1 s): why the push took as long as it did.
+    writes=$(python3 - "$plane/logs/audit.log" "$namespace" "$pushed" <<'EOF'
+import datetime, json, sys
+log, namespace, pushed_ms = sys.argv[1], sys.argv[2], int(sys.argv[3])
+times = []
+for line in open(log):
+    try:
+        event = json.loads(line)
+    except ValueError:
+        continue
+    ref = event.get("objectRef", {})
+    if ref.get("namespace") != namespace or ref.get("resource") != "deployments":
+        continue
+    if event.get("stage") != "ResponseComplete" or event.get("user", {}).get("username") != "admin":
+        continue
+    at = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+    ms = at.timestamp() * 1000 - pushed_ms
+    if ms >= 0:
+        times.append(ms / 1000)
+times.sort()
+if times:
+    quartiles = [times[min(len(times) - 1, int(len(times) * q))] for q in (0, 0.5, 1)]
+    print(f"{len(times)} writes after the push, first {quartiles[0]:.1f} s, median {quartiles[1]:.1f} s, last {quartiles[2]:.1f} s")
+else:
+    print("no writes after the push")
+EOF
+)
+    throttled=$(tail -n +"$((operator_log_lines + 1))" "$plane/logs/keda-operator.log" | python3 -c '
+import re, sys
+# client-go: "Waited before sending request" with its delay (Go duration),
+# logged at KEDA'"'"'s info level for waits over 1 s, at most once a second.
+waits = []
+for line in sys.stdin:
+    if "Waited before sending request" not in line:
+        continue
+    found = re.search(r"delay\W+([0-9.]+)(ms|s|m)\b", line)
+    if found:
+        value, unit = float(found.group(1)), found.group(2)
+        waits.append(value / 1000 if unit == "ms" else value * 60 if unit == "m" else value)
+print(f"{len(waits)} waits over 1 s logged, longest {max(waits):.1f} s" if waits else "no wait over 1 s logged")
+')
+    writes_by_row+=("- $n ScaledObjects, $label, pollingInterval $interval s: KEDA's scale writes: $writes; its API client: $throttled")
+    echo "   ${writes_by_row[-1]}"
     hoist_cells=$( [ "$mode" = keda ] && echo "–" || echo "$hoist_cpu % / $hoist_rss MiB")
-    rows+=("| $n | $label | $per_second | $clients | $operator_cpu % | $operator_rss MiB | $hoist_cells | $first_s s | $last_s s |")
-    commands_by_row+=("- $n ScaledObjects, $label: ${by_command:-none}")
+    rows+=("| $n | $label | $interval s | $per_second | $redis_cpu % | $clients | $operator_cpu % | $operator_rss MiB | $hoist_cells | $first_s s | $last_s s | $zero_s s |")
+    commands_by_row+=("- $n ScaledObjects, $label, pollingInterval $interval s: ${by_command:-none}")
     echo "   ${rows[-1]}"
     echo "   Redis commands per second: ${by_command:-none}"
-    redis del jobs >/dev/null
     kubectl delete namespace "$namespace" --wait=true --timeout=600s >/dev/null
     sleep 10
   done
 done
 
 finished_at=$(date +%s)
-versions="$(sed -n 's/^KUBERNETES_VERSION="\(.*\)"/Kubernetes \1/p' scripts/controlplane.sh), KEDA $(awk '/kedacore\/keda\/v2 v/ {print $2; exit}' tools/keda/go.mod)"
+versions="$(scripts/controlplane.sh versions)"
 table="$work/table.md"
 {
   echo "- When: $(date -u -d "@$started_at" '+%Y-%m-%d %H:%M UTC'), $(( (finished_at - started_at) / 60 )) min, $(nproc) CPUs, hoist at $(git rev-parse --short HEAD); $versions; $(redis-server --version | cut -d' ' -f3)."
-  echo "- Every ScaledObject: \`pollingInterval: $INTERVAL\`, \`minReplicaCount: 0\`, one Redis list \`jobs\` with \`listLength: \"5\"\`; hoist's trigger carries the same \`pollingInterval\`. The HPA controller syncs every 15 s. Load is measured over $WINDOW s with every ScaledObject inactive, after KEDA made all the HPAs and 20 s more."
+  echo "- Every ScaledObject: the row's \`pollingInterval\`, \`cooldownPeriod: 30\`, \`minReplicaCount: 0\`, one Redis list \`jobs\` with \`listLength: \"5\"\`; hoist polls the list every $SOURCE_INTERVAL s (its triggers' \`pollingInterval\` metadata), whatever KEDA's interval. The HPA controller syncs every 15 s. Load is measured over $WINDOW s with every ScaledObject inactive, after KEDA made all the HPAs and 20 s more. Last job → 0: from emptying the list until every Deployment is at 0."
   echo "- Command: \`scripts/bench-keda.sh\` (part 9 of \`scripts/bench.sh\`)."
   echo
-  echo "| ScaledObjects | scaler | Redis commands/s | Redis clients | KEDA operator CPU | KEDA operator RSS | hoist CPU / RSS | push → first 0 → 1 | push → every 0 → 1 |"
-  echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  echo "| ScaledObjects | scaler | pollingInterval | Redis commands/s | Redis CPU | Redis clients | KEDA operator CPU | KEDA operator RSS | hoist CPU / RSS | push → first 0 → 1 | push → every 0 → 1 | last job → every 1 → 0 |"
+  echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
   printf '%s\n' "${rows[@]}"
   echo
   echo "Redis commands per second, by command:"
   echo
   printf '%s\n' "${commands_by_row[@]}"
+  echo
+  echo "KEDA's writes after the push (audit log) and its API client's own waits (operator log):"
+  echo
+  printf '%s\n' "${writes_by_row[@]}"
 } >"$table"
 if [ "$DOC" = "-" ]; then
   cat "$table"

@@ -7,6 +7,7 @@
 #                                    # prints the admin kubeconfig's path last
 #   scripts/controlplane.sh down     # stops exactly what `up` started
 #   scripts/controlplane.sh restart kube-apiserver   # one component again
+#   scripts/controlplane.sh versions # "Kubernetes v1.36.5, KEDA v2.21.0"
 #
 # What runs: etcd, kube-apiserver (RBAC, ServiceAccount tokens and
 # TokenReview, an admin client certificate, the front-proxy CA for the
@@ -30,6 +31,8 @@
 #   HPA_SYNC_PERIOD      the HPA controller's sync period (default 2s)
 #   CONTROLPLANE_PARENT  a pid: `up` leaves a watcher that runs `down`
 #                        when that process ends (the test binary's own)
+#   KEDA_OPERATOR_ARGS   more arguments for KEDA's operator, e.g.
+#                        "--kube-api-qps 100 --kube-api-burst 150"
 #   CONTROLPLANE_VERSIONS  `current` (default): KEDA v2.21.0 on Kubernetes
 #                        v1.36.5, from tools/kubernetes and tools/keda;
 #                        `previous`: KEDA v2.20.2 on Kubernetes v1.35.4, from
@@ -309,7 +312,9 @@ EOF
   # Every request of a ServiceAccount outside kube-system (hoist's among
   # them) is written to logs/audit.log with its verb, resource and answer:
   # tests/controlplane.rs reads from it what hoist asked for and whether
-  # RBAC allowed it.
+  # RBAC allowed it. So is every write to a Deployment's replicas by anyone
+  # but the controllers (KEDA's scale from and to zero): when KEDA acted,
+  # for scripts/bench-keda.sh.
   cat >"$DIR/audit-policy.yaml" <<EOF
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -319,6 +324,11 @@ rules:
   userGroups: ["system:serviceaccounts:kube-system"]
 - level: Metadata
   userGroups: ["system:serviceaccounts"]
+- level: Metadata
+  verbs: ["update", "patch"]
+  resources:
+  - group: apps
+    resources: ["deployments", "deployments/scale"]
 - level: None
 EOF
   kubeconfig "$DIR/admin.kubeconfig" admin
@@ -409,7 +419,7 @@ EOF
     --metrics-bind-address "127.0.0.1:$operator_metrics_port" \
     --health-probe-bind-address "127.0.0.1:$operator_probe_port" \
     --metrics-service-bind-address "127.0.0.1:$operator_grpc_port" \
-    --zap-log-level info --zap-encoder console
+    --zap-log-level info --zap-encoder console ${KEDA_OPERATOR_ARGS:-}
   wait_for keda-operator 60 curl -sf "http://127.0.0.1:$operator_probe_port/readyz"
 
   start keda-adapter env KUBECONFIG="$DIR/admin.kubeconfig" POD_NAMESPACE=keda \
@@ -445,13 +455,18 @@ down() {
   done
 }
 
+versions() {
+  echo "Kubernetes $KUBERNETES_VERSION, KEDA $(awk '/kedacore\/keda\/v2 v/ {print $2; exit}' "$TOOLS/keda/go.mod")"
+}
+
 case "${1:-}" in
   build) build ;;
+  versions) versions ;;
   up) up ;;
   down) down ;;
   restart) restart "${2:-}" ;;
   *)
-    echo "usage: scripts/controlplane.sh build|up|down|restart COMPONENT" >&2
+    echo "usage: scripts/controlplane.sh build|up|down|versions|restart COMPONENT" >&2
     exit 2
     ;;
 esac

@@ -176,7 +176,7 @@ impl Metrics {
         );
         registry.register(
             "hoist_open_streams",
-            "StreamIsActive streams open now",
+            "StreamIsActive and StreamMetricSpec streams open now",
             self.open_streams.clone(),
         );
     }

@@ -64,6 +64,7 @@ pub async fn probe(
     };
     let context = crate::scalers::Context {
         traffic,
+        route_targets: std::sync::Arc::new(settings.interceptor.route_targets()),
         ..Default::default()
     };
     let config = trigger::parse(

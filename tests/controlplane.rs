@@ -1236,3 +1236,154 @@ async fn fallback_never_fires_while_the_external_scaler_is_unreachable() {
     assert_hoist_never_forbidden(plane);
     hoist.stop().await.unwrap();
 }
+
+/// Which KEDA the control plane runs: `scripts/controlplane.sh`'s
+/// `CONTROLPLANE_VERSIONS` (`current`: 2.21, which opens
+/// `StreamMetricSpec`; `previous`: 2.20, which only pulls `GetMetricSpec`).
+fn keda_streams_metric_specs() -> bool {
+    std::env::var("CONTROLPLANE_VERSIONS")
+        .as_deref()
+        .unwrap_or("current")
+        != "previous"
+}
+
+/// The `averageValue` KEDA's HPA for `scaled_object` targets, once it has one.
+async fn hpa_target(client: &kube::Client, namespace: &str, scaled_object: &str) -> Option<String> {
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), namespace);
+    let hpa = hpas
+        .get_opt(&format!("keda-hpa-{scaled_object}"))
+        .await
+        .ok()??;
+    let metric = hpa.spec?.metrics?.into_iter().next()?;
+    let quantity = metric.external?.target.average_value?;
+    Some(quantity.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_changed_in_hoist_alone_reaches_the_hpa_through_stream_metric_spec() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let namespace = plane.namespace("respec");
+    let (grpc, admin) = (free_port(), free_port());
+    // hoist's whole config in the file it reloads, the route's target in it.
+    let config = |target: u32| {
+        format!(
+            "[grpc]\nlisten = \"127.0.0.1:{grpc}\"\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n\
+             [kubernetes]\nkubeconfig = \"{kubeconfig}\"\n\
+             [interceptor]\nhttp_listen = \"127.0.0.1:0\"\n\
+             [[interceptor.http_routes]]\nname = \"shop\"\nhost = \"shop.example\"\n\
+             upstream = \"127.0.0.1:1\"\nconcurrent_requests = {target}\n",
+            kubeconfig = plane.hoist_kubeconfig.display()
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hoist.toml");
+    std::fs::write(&file, config(20)).unwrap();
+    let settings = Settings::load(Some(&file), Vec::new(), &Default::default()).unwrap();
+    let source = hoist::reload::ConfigSource::new(
+        Some(file.clone()),
+        Vec::new(),
+        hoist::config::Overrides::default(),
+    );
+    let hoist = Hoist::start_reloading(settings, source).await;
+    plane.apply(&deployment(&namespace, "storefront", 1));
+    plane.apply(&format!(
+        r#"apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: storefront, namespace: {namespace}}}
+spec:
+  scaleTargetRef: {{name: storefront}}
+  minReplicaCount: 1
+  maxReplicaCount: 3
+  pollingInterval: 5
+  triggers:
+  - type: external-push
+    metadata:
+      scalerAddress: 127.0.0.1:{grpc}
+      scaler: http
+      route: shop
+"#
+    ));
+    let client = plane.client().await;
+    let target = || hpa_target(&client, &namespace, "storefront");
+    support::eventually(LIMIT, "the HPA targets the route's 20", || async {
+        target().await.as_deref() == Some("20")
+    })
+    .await;
+    let generation = || {
+        plane.must(&[
+            "get",
+            "scaledobject",
+            "storefront",
+            "-n",
+            &namespace,
+            "-o",
+            "jsonpath={.metadata.generation}",
+        ])
+    };
+    let before = generation();
+
+    // The platform team raises the route's target in hoist's config: the
+    // ScaledObject is not touched.
+    std::fs::write(&file, config(35)).unwrap();
+    if keda_streams_metric_specs() {
+        let started = std::time::Instant::now();
+        support::eventually(LIMIT, "the HPA targets 35 from the stream", || async {
+            target().await.as_deref() == Some("35")
+        })
+        .await;
+        eprintln!(
+            "StreamMetricSpec: reload → HPA target in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+    } else {
+        // KEDA 2.20 re-reads GetMetricSpec only when the ScaledObject's
+        // generation moves: the HPA keeps 20 until an edit of it.
+        support::eventually(LIMIT, "hoist answers 35", || async {
+            hoist.spec(&storefront_call(grpc)).await.target_size_float == 35.0
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            target().await.as_deref(),
+            Some("20"),
+            "the pull fallback keeps the old target"
+        );
+        plane.must(&[
+            "patch",
+            "scaledobject",
+            "storefront",
+            "-n",
+            &namespace,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"pollingInterval":6}}"#,
+        ]);
+        support::eventually(LIMIT, "the HPA targets 35 after an edit", || async {
+            target().await.as_deref() == Some("35")
+        })
+        .await;
+    }
+    if keda_streams_metric_specs() {
+        assert_eq!(generation(), before, "no edit of the ScaledObject");
+    }
+    assert_hoist_never_forbidden(plane);
+    hoist.stop().await.unwrap();
+}
+
+/// KEDA's call for the storefront's trigger (as it sends it).
+fn storefront_call(grpc: u16) -> hoist::proto::ScaledObjectRef {
+    hoist::proto::ScaledObjectRef {
+        name: "storefront".into(),
+        namespace: "respec".into(),
+        scaler_metadata: [
+            ("scalerAddress", format!("127.0.0.1:{grpc}")),
+            ("scaler", "http".into()),
+            ("route", "shop".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+    }
+}

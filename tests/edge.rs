@@ -269,6 +269,7 @@ fn route(name: &str, host: &str, prefix: Option<&str>, upstream: SocketAddr) -> 
         upstream_http2: false,
         cold_start_timeout: None,
         response_timeout: None,
+        concurrent_requests: None,
     }
 }
 

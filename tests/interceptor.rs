@@ -245,6 +245,7 @@ fn tcp_route(name: &str, upstream: SocketAddr) -> TcpRouteSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
         upstream: upstream.to_string(),
         cold_start_timeout: None,
+        concurrent_connections: None,
     }
 }
 

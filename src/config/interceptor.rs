@@ -153,6 +153,11 @@ pub struct HttpRouteSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub response_timeout: Option<Duration>,
+    /// The `concurrentRequests` of `http` triggers that name this route
+    /// and set none themselves. A reload that changes it re-targets them:
+    /// KEDA 2.21 hears it on `StreamMetricSpec` and updates the HPA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_requests: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -167,6 +172,10 @@ pub struct TcpRouteSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub cold_start_timeout: Option<Duration>,
+    /// The `concurrentConnections` of `tcp` triggers that name this route
+    /// and set none themselves (see `HttpRouteSettings::concurrent_requests`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_connections: Option<f64>,
 }
 
 impl Default for InterceptorSettings {
@@ -217,6 +226,20 @@ pub(super) fn in_range(timeout: Duration) -> bool {
 }
 
 impl InterceptorSettings {
+    /// The scale target each config route sets for the triggers naming
+    /// it, by route name (names are unique across both lists).
+    pub fn route_targets(&self) -> std::collections::BTreeMap<String, f64> {
+        let http = self
+            .http_routes
+            .iter()
+            .filter_map(|r| Some((r.name.clone(), r.concurrent_requests?)));
+        let tcp = self
+            .tcp_routes
+            .iter()
+            .filter_map(|r| Some((r.name.clone(), r.concurrent_connections?)));
+        http.chain(tcp).collect()
+    }
+
     /// Whether this process has routes to proxy.
     pub fn has_routes(&self) -> bool {
         !self.http_routes.is_empty() || !self.tcp_routes.is_empty()
@@ -402,13 +425,27 @@ impl InterceptorSettings {
         let routes = self
             .http_routes
             .iter()
-            .map(|r| ("http_routes", &r.name, &r.upstream, r.cold_start_timeout))
-            .chain(
-                self.tcp_routes
-                    .iter()
-                    .map(|r| ("tcp_routes", &r.name, &r.upstream, r.cold_start_timeout)),
-            );
-        for (list, name, upstream, cold_start) in routes {
+            .map(|r| {
+                let target = ("concurrent_requests", r.concurrent_requests);
+                (
+                    "http_routes",
+                    &r.name,
+                    &r.upstream,
+                    r.cold_start_timeout,
+                    target,
+                )
+            })
+            .chain(self.tcp_routes.iter().map(|r| {
+                let target = ("concurrent_connections", r.concurrent_connections);
+                (
+                    "tcp_routes",
+                    &r.name,
+                    &r.upstream,
+                    r.cold_start_timeout,
+                    target,
+                )
+            }));
+        for (list, name, upstream, cold_start, (target_key, target)) in routes {
             let key = |field: &str| format!("interceptor.{list}[{name}].{field}");
             let name_ok = !name.is_empty()
                 && name
@@ -428,6 +465,12 @@ impl InterceptorSettings {
             }
             if cold_start.is_some_and(|timeout| !in_range(timeout)) {
                 return Err(invalid(key("cold_start_timeout"), TIMEOUT_RANGE.into()));
+            }
+            if target.is_some_and(|target| !(target >= 1.0 && target.is_finite())) {
+                return Err(invalid(
+                    key(target_key),
+                    "must be a number of at least 1".into(),
+                ));
             }
         }
         let mut hosts = std::collections::BTreeSet::new();

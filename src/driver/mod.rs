@@ -100,6 +100,7 @@ impl DriverSettings {
                 owner: None,
                 cluster_domain: settings.interceptor.cluster_domain.clone(),
                 authentication: None,
+                route_targets: Arc::new(settings.interceptor.route_targets()),
             },
             assume_applied: settings.engine.assume_applied,
         }
@@ -262,6 +263,11 @@ fn parse_allowed(
     // Checked: a tracked trigger need not hold them (a reload parses again).
     config.trigger.query.endpoints = Vec::new();
     Ok(config)
+}
+
+/// Whether two parses of a trigger answer `GetMetricSpec` alike.
+fn same_metric_spec(a: &TriggerConfig, b: &TriggerConfig) -> bool {
+    a.trigger.metric_name == b.trigger.metric_name && a.trigger.target == b.trigger.target
 }
 
 /// Who is asking: KEDA identifies a trigger by its ScaledObject and its
@@ -593,6 +599,9 @@ struct Inner {
     epoch: Instant,
     /// Metadata bytes of every tracked trigger (see [`TriggerKey::size`]).
     tracked_metadata: AtomicUsize,
+    /// Counts triggers forgotten: a `StreamMetricSpec` stream looks again
+    /// at its trigger when it moves (see [`Driver::forgotten`]).
+    forgotten: watch::Sender<u64>,
 }
 
 /// Cheap to clone: every clone is the same driver.
@@ -636,6 +645,7 @@ impl Driver {
                 next_id: AtomicU64::new(1),
                 epoch: Instant::now(),
                 tracked_metadata: AtomicUsize::new(0),
+                forgotten: watch::Sender::new(0),
             }),
         };
         tokio::spawn(driver.clone().sweep_idle());
@@ -675,6 +685,13 @@ impl Driver {
     /// Resolves whenever an engine's decision changes: state worth saving.
     pub fn state_changes(&self) -> Arc<tokio::sync::Notify> {
         self.inner.changed.clone()
+    }
+
+    /// Changes whenever a tracked trigger is forgotten (evicted, revoked,
+    /// re-targeted by a reload, its credentials rotated, replaced): the
+    /// trigger KEDA's next call finds may then answer another spec.
+    pub fn forgotten(&self) -> watch::Receiver<u64> {
+        self.inner.forgotten.subscribe()
     }
 
     /// The trigger for `key` if it is tracked already (the usual case:
@@ -861,24 +878,45 @@ impl Driver {
     fn revoke_disallowed(&self) {
         let settings = self.inner.settings.load();
         let profiles = self.inner.profiles.load();
-        let refused: Vec<(TriggerKey, TrackError)> = self
-            .read_triggers()
-            .values()
-            .filter_map(|tracked| {
-                let authentication = match tracked.credentials.as_deref() {
-                    None => Ok(None),
-                    Some((reference, _)) => self
-                        .resolve_credentials(&tracked.key.namespace, reference)
-                        .map(|resolved| resolved.map(|r| r.params)),
-                };
-                authentication
-                    .and_then(|authentication| {
-                        parse_allowed(&tracked.key, &settings, &profiles, authentication)
-                    })
-                    .err()
-                    .map(|error| (tracked.key.clone(), error))
-            })
-            .collect();
+        let mut refused = Vec::new();
+        let mut retargeted = Vec::new();
+        for tracked in self.read_triggers().values() {
+            let authentication = match tracked.credentials.as_deref() {
+                None => Ok(None),
+                Some((reference, _)) => self
+                    .resolve_credentials(&tracked.key.namespace, reference)
+                    .map(|resolved| resolved.map(|r| r.params)),
+            };
+            match authentication.and_then(|authentication| {
+                parse_allowed(&tracked.key, &settings, &profiles, authentication)
+            }) {
+                Err(error) => refused.push((tracked.key.clone(), error)),
+                Ok(config) if !same_metric_spec(&config, &tracked.config) => {
+                    retargeted.push(tracked.key.clone());
+                }
+                Ok(_) => {}
+            }
+        }
+        if !retargeted.is_empty() {
+            // Tracked anew with the new target on KEDA's next call (or at
+            // once by its `StreamMetricSpec` stream): GetMetricSpec and the
+            // stream then answer the new spec alike.
+            for key in &retargeted {
+                info!(namespace = %key.namespace, scaled_object = %key.name, "the reloaded config changes the trigger's metric spec: tracking it anew");
+            }
+            let mut triggers = self
+                .inner
+                .triggers
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            for key in &retargeted {
+                self.forget(&mut triggers, key);
+            }
+            self.inner
+                .metrics
+                .tracked_triggers
+                .set(triggers.len() as i64);
+        }
         if refused.is_empty() {
             return;
         }
@@ -1276,6 +1314,7 @@ impl Driver {
         let Some(tracked) = triggers.remove(key.identity()) else {
             return;
         };
+        self.inner.forgotten.send_modify(|count| *count += 1);
         if let (Some(spec), Some(routes)) = (&tracked.config.trigger.route, &self.inner.routes) {
             routes.release(key.identity(), &spec.name);
         }

@@ -26,57 +26,38 @@ use crate::proto::{
 use crate::routing::RouteError;
 
 pub struct ScalerService {
-    driver: Driver,
-    callers: CallerPolicy,
+    triggers: Triggers,
     open_streams: prometheus_client::metrics::gauge::Gauge,
     is_active: RpcMetrics,
     stream_is_active: RpcMetrics,
     get_metric_spec: RpcMetrics,
+    stream_metric_spec: RpcMetrics,
     get_metrics: RpcMetrics,
+}
+
+/// Finds the tracked trigger a call is about; cloned into the streams,
+/// which look their trigger up again when it moves.
+#[derive(Clone)]
+struct Triggers {
+    driver: Driver,
+    callers: CallerPolicy,
 }
 
 impl ScalerService {
     pub fn new(driver: Driver, callers: CallerPolicy, metrics: Arc<Metrics>) -> Self {
         Self {
-            driver,
-            callers,
+            triggers: Triggers { driver, callers },
             open_streams: metrics.open_streams.clone(),
             is_active: metrics.rpc("IsActive"),
             stream_is_active: metrics.rpc("StreamIsActive"),
             get_metric_spec: metrics.rpc("GetMetricSpec"),
+            stream_metric_spec: metrics.rpc("StreamMetricSpec"),
             get_metrics: metrics.rpc("GetMetrics"),
         }
     }
 
-    /// The tracked trigger; a new one only for a caller that may have it
-    /// (see [`crate::callers`]).
     async fn track(&self, object: ScaledObjectRef) -> Result<Arc<Tracked>, RpcError> {
-        let key = TriggerKey::new(object.namespace, object.name, object.scaler_metadata);
-        if let Some(tracked) = self.driver.lookup(&key)? {
-            return Ok(tracked);
-        }
-        let caller = self
-            .callers
-            .check(&key.namespace, &key.name, &key.metadata_map())
-            .await?;
-        // A route of a ScaledObject the watch just brought is decided a
-        // moment after the caller check sees it: wait for that decision.
-        let deadline = tokio::time::Instant::now() + self.callers.wait();
-        let mut decisions = self.driver.routes().map(|routes| routes.decisions());
-        loop {
-            if let Some(decisions) = &mut decisions {
-                decisions.borrow_and_update();
-            }
-            match self.driver.track(key.clone(), &caller) {
-                Err(TrackError::Route(RouteError::Pending { .. }))
-                    if tokio::time::Instant::now() < deadline
-                        && let Some(decisions) = &mut decisions =>
-                {
-                    let _ = tokio::time::timeout_at(deadline, decisions.changed()).await;
-                }
-                other => return Ok(other?),
-            }
-        }
+        self.triggers.track(object).await
     }
 
     /// What hoist reports for the trigger: the raw value in passthrough
@@ -136,7 +117,41 @@ impl ScalerService {
     }
 }
 
+impl Triggers {
+    /// The tracked trigger; a new one only for a caller that may have it
+    /// (see [`crate::callers`]).
+    async fn track(&self, object: ScaledObjectRef) -> Result<Arc<Tracked>, RpcError> {
+        let key = TriggerKey::new(object.namespace, object.name, object.scaler_metadata);
+        if let Some(tracked) = self.driver.lookup(&key)? {
+            return Ok(tracked);
+        }
+        let caller = self
+            .callers
+            .check(&key.namespace, &key.name, &key.metadata_map())
+            .await?;
+        // A route of a ScaledObject the watch just brought is decided a
+        // moment after the caller check sees it: wait for that decision.
+        let deadline = tokio::time::Instant::now() + self.callers.wait();
+        let mut decisions = self.driver.routes().map(|routes| routes.decisions());
+        loop {
+            if let Some(decisions) = &mut decisions {
+                decisions.borrow_and_update();
+            }
+            match self.driver.track(key.clone(), &caller) {
+                Err(TrackError::Route(RouteError::Pending { .. }))
+                    if tokio::time::Instant::now() < deadline
+                        && let Some(decisions) = &mut decisions =>
+                {
+                    let _ = tokio::time::timeout_at(deadline, decisions.changed()).await;
+                }
+                other => return Ok(other?),
+            }
+        }
+    }
+}
+
 type ActivityStream = Pin<Box<dyn Stream<Item = Result<IsActiveResponse, Status>> + Send>>;
+type SpecStream = Pin<Box<dyn Stream<Item = Result<GetMetricSpecResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl ExternalScaler for ScalerService {
@@ -164,7 +179,7 @@ impl ExternalScaler for ScalerService {
         let result = self.track(request.into_inner()).await.map(|tracked| {
             let (sender, receiver) = mpsc::channel(4);
             let open = OpenStream::new(self.open_streams.clone());
-            let driver = self.driver.clone();
+            let driver = self.triggers.driver.clone();
             tokio::spawn(async move {
                 push_activation_edges(tracked, driver, sender).await;
                 drop(open);
@@ -179,17 +194,32 @@ impl ExternalScaler for ScalerService {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<GetMetricSpecResponse>, Status> {
         let started = Instant::now();
-        let result = self.track(request.into_inner()).await.map(|tracked| {
-            let trigger = &tracked.config.trigger;
-            GetMetricSpecResponse {
-                metric_specs: vec![MetricSpec {
-                    metric_name: trigger.metric_name.clone(),
-                    target_size: round_up(trigger.target),
-                    target_size_float: trigger.target,
-                }],
-            }
-        });
+        let result = self
+            .track(request.into_inner())
+            .await
+            .map(|tracked| metric_spec(&tracked));
         Self::finish(&self.get_metric_spec, started, result)
+    }
+
+    type StreamMetricSpecStream = SpecStream;
+
+    async fn stream_metric_spec(
+        &self,
+        request: Request<ScaledObjectRef>,
+    ) -> Result<Response<Self::StreamMetricSpecStream>, Status> {
+        let started = Instant::now();
+        let object = request.into_inner();
+        let result = self.track(object.clone()).await.map(|tracked| {
+            let (sender, receiver) = mpsc::channel(2);
+            let open = OpenStream::new(self.open_streams.clone());
+            let triggers = self.triggers.clone();
+            tokio::spawn(async move {
+                push_metric_specs(triggers, object, tracked, sender).await;
+                drop(open);
+            });
+            Box::pin(ReceiverStream::new(receiver)) as SpecStream
+        });
+        Self::finish(&self.stream_metric_spec, started, result)
     }
 
     async fn get_metrics(
@@ -220,6 +250,20 @@ impl ExternalScaler for ScalerService {
         }
         .await;
         Self::finish(&self.get_metrics, started, result)
+    }
+}
+
+/// What `GetMetricSpec` and `StreamMetricSpec` answer for a trigger: its
+/// one metric, never an empty list (KEDA 2.21 leaves a ScaledObject
+/// `Ready=False` for good on an empty streamed spec, kedacore/keda#8115).
+fn metric_spec(tracked: &Tracked) -> GetMetricSpecResponse {
+    let trigger = &tracked.config.trigger;
+    GetMetricSpecResponse {
+        metric_specs: vec![MetricSpec {
+            metric_name: trigger.metric_name.clone(),
+            target_size: round_up(trigger.target),
+            target_size_float: trigger.target,
+        }],
     }
 }
 
@@ -316,6 +360,58 @@ async fn push_activation_edges(
             changed = activity.changed() => if !changed { return },
             _ = driver.shutting_down() => return,
             _ = sender.closed() => return,
+        }
+    }
+}
+
+/// Sends the trigger's spec at once, then again whenever the trigger KEDA
+/// would now find answers another one (a reload changed its route's
+/// target: the driver forgets it and it is tracked anew), so that
+/// `GetMetricSpec` and the stream always agree. A trigger that can no
+/// longer be tracked ends the stream with the reason `GetMetricSpec` would
+/// give (KEDA retries on its backoff); shutdown ends it with OK.
+async fn push_metric_specs(
+    triggers: Triggers,
+    object: ScaledObjectRef,
+    mut tracked: Arc<Tracked>,
+    sender: mpsc::Sender<Result<GetMetricSpecResponse, Status>>,
+) {
+    let driver = triggers.driver.clone();
+    let mut forgotten = driver.forgotten();
+    let mut sent: Option<GetMetricSpecResponse> = None;
+    loop {
+        let spec = metric_spec(&tracked);
+        if sent.as_ref() != Some(&spec) {
+            // A client that stopped reading must not hold up shutdown.
+            tokio::select! {
+                delivered = sender.send(Ok(spec.clone())) => if delivered.is_err() { return },
+                _ = driver.shutting_down() => return,
+            }
+            sent = Some(spec);
+        }
+        let guard = tracked.stream_guard();
+        tokio::select! {
+            changed = forgotten.changed() => if changed.is_err() { return },
+            _ = driver.shutting_down() => return,
+            _ = sender.closed() => return,
+        }
+        drop(guard);
+        let key = TriggerKey::new(
+            object.namespace.clone(),
+            object.name.clone(),
+            object.scaler_metadata.clone(),
+        );
+        if let Ok(Some(same)) = driver.lookup(&key)
+            && Arc::ptr_eq(&same, &tracked)
+        {
+            continue;
+        }
+        match triggers.track(object.clone()).await {
+            Ok(now) => tracked = now,
+            Err(error) => {
+                let _ = sender.send(Err(error.into())).await;
+                return;
+            }
         }
     }
 }

@@ -31,6 +31,7 @@ pub fn http_route(name: &str, host: &str, upstream: SocketAddr) -> HttpRouteSett
         upstream_http2: false,
         cold_start_timeout: None,
         response_timeout: None,
+        concurrent_requests: None,
     }
 }
 

@@ -69,6 +69,17 @@ impl ExternalScaler for Bare {
         }))
     }
 
+    type StreamMetricSpecStream =
+        Pin<Box<dyn Stream<Item = Result<GetMetricSpecResponse, Status>> + Send>>;
+
+    /// KEDA 2.21 falls back to pulling `GetMetricSpec` on Unimplemented.
+    async fn stream_metric_spec(
+        &self,
+        _request: Request<ScaledObjectRef>,
+    ) -> Result<Response<Self::StreamMetricSpecStream>, Status> {
+        Err(Status::unimplemented("the bare server answers constants"))
+    }
+
     async fn get_metrics(
         &self,
         _request: Request<GetMetricsRequest>,
