@@ -15,11 +15,12 @@ use tokio::sync::Mutex;
 use super::{Kind, Measurement, ObserveError, Query, Source, Trigger, metric_name};
 use crate::azure::atom::{self, AtomError};
 use crate::azure::sas::{self, ConnectionString, SasAuth};
-use crate::metadata::{MetadataError, Origin, Params};
+use crate::metadata::{Absent, Key, MetadataError, Origin, Params, Place};
 use crate::secret::{Secret, fingerprint};
 
 pub static KIND: Kind = Kind {
     scalers: &["azure-servicebus"],
+    keys: KEYS,
     parse,
 };
 
@@ -74,7 +75,26 @@ pub struct ServiceBusConfig {
     pub credential: Credential,
 }
 
+use Absent::Value;
 use Origin::{Auth, Env, Metadata};
+
+/// KEDA's Service Bus keys, with its defaults.
+pub const KEYS: &[Key] = &[
+    Key::optional("queueName", Absent::None),
+    Key::optional("topicName", Absent::None),
+    Key::optional("subscriptionName", Absent::None),
+    Key::optional("messageCount", Value("5")),
+    Key::optional("activationMessageCount", Value("0")),
+    Key::optional("useRegex", Value("false")),
+    Key::optional("operation", Value("sum")),
+    Key::optional("connection", Absent::None).in_(Place::AuthOrEnv),
+    Key::optional("podIdentity", Value("none")).in_(Place::Both),
+    Key::optional("namespace", Absent::None),
+    Key::optional("cloud", Value("AzurePublicCloud")),
+    Key::optional("endpointSuffix", Absent::None),
+    Key::optional("identityId", Absent::None).in_(Place::Both),
+    Key::optional("identityTenantId", Absent::None).in_(Place::Both),
+];
 
 /// KEDA's `cloud` names and their Service Bus endpoint suffixes, compared
 /// case-insensitively with every alias KEDA takes (kedacore/keda
@@ -106,6 +126,7 @@ fn endpoint_suffix(params: &Params) -> Result<String, MetadataError> {
 }
 
 pub fn parse_config(params: &Params) -> Result<ServiceBusConfig, MetadataError> {
+    let params = &params.declaring(KEYS);
     let message_count = params.number(&["messageCount"], &[Metadata], 5_i64)?;
     let activation_message_count = params.number(&["activationMessageCount"], &[Metadata], 0_i64)?;
     let string = |name: &str| params.string(&[name], &[Metadata]).unwrap_or_default();

@@ -23,13 +23,58 @@ pub mod msk_iam;
 use msk_iam::AwsCredentials;
 
 use super::{Kind, Measurement, ObserveError, Query, Source, SourceTls, Trigger, metric_name};
-use crate::metadata::{MetadataError, Origin, Params};
+use crate::metadata::{Absent, Key, MetadataError, Origin, Params, Place};
 use crate::secret::{Secret, fingerprint};
 
 pub static KIND: Kind = Kind {
     scalers: &["kafka"],
+    keys: KEYS,
     parse,
 };
+
+/// KEDA's Kafka keys, with its defaults.
+pub const KEYS: &[Key] = &[
+    Key::required("bootstrapServers"),
+    Key::required("consumerGroup"),
+    Key::optional("topic", Described("every topic")),
+    Key::optional("partitionLimitation", Described("every partition")),
+    Key::optional("lagThreshold", Value("10")),
+    Key::optional("activationLagThreshold", Value("0")),
+    Key::optional("offsetResetPolicy", Value("latest")),
+    Key::optional("allowIdleConsumers", Value("false")),
+    Key::optional("excludePersistentLag", Value("false")),
+    Key::optional("scaleToZeroOnInvalidOffset", Value("false")),
+    Key::optional("limitToPartitionsWithLag", Value("false")),
+    Key::optional("ensureEvenDistributionOfPartitions", Value("false")),
+    Key::optional("fullMetadata", Value("true")),
+    Key::optional("version", Absent::None),
+    Key::optional("tls", Value("disable")).in_(Place::Both),
+    Key::optional("unsafeSsl", Value("false")),
+    Key::optional("ca", Absent::None).in_(Place::Auth),
+    Key::optional("cert", Absent::None).in_(Place::Auth),
+    Key::optional("key", Absent::None).in_(Place::Auth),
+    Key::optional("keyPassword", Absent::None).in_(Place::Auth),
+    Key::optional("sasl", Value("none")).in_(Place::Both),
+    Key::optional("username", Absent::None).in_(Place::AuthOrEnv),
+    Key::optional("password", Absent::None).in_(Place::AuthOrEnv),
+    Key::optional("saslTokenProvider", Value("bearer")).in_(Place::Both),
+    Key::optional("oauthTokenEndpointUri", Absent::None).in_(Place::Auth),
+    Key::optional("scopes", Absent::None).in_(Place::Auth),
+    Key::optional("oauthExtensions", Absent::None).in_(Place::Auth),
+    Key::optional("awsRegion", Absent::None),
+    Key::optional("podIdentity", Absent::None).in_(Place::Both),
+    Key::optional("identityOwner", Value("pod")),
+    Key::optional("awsRoleArn", Absent::None).in_(Place::Auth),
+    Key::optional("awsAccessKeyID", Absent::None).in_(Place::Both),
+    Key::optional("awsAccessKeyId", Absent::None).in_(Place::Auth),
+    Key::optional("awsSecretAccessKey", Absent::None).in_(Place::AuthOrEnv),
+    Key::optional("awsSessionToken", Absent::None).in_(Place::Auth),
+    Key::optional("realm", Absent::None).in_(Place::Auth),
+    Key::optional("keytab", Absent::None).in_(Place::Auth),
+    Key::optional("kerberosConfig", Absent::None).in_(Place::Auth),
+    Key::optional("kerberosServiceName", Value("kafka")).in_(Place::Auth),
+    Key::optional("kerberosDisableFAST", Value("false")).in_(Place::Auth),
+];
 
 /// What librdkafka may take for one request before it gives up; the
 /// driver's own timeout usually ends the wait sooner.
@@ -106,6 +151,7 @@ pub struct KafkaConfig {
     pub password: Secret,
 }
 
+use Absent::{Described, Value};
 use Origin::{Auth, Env, Metadata};
 
 fn enumeration<'a>(params: &Params<'a>, name: &str, order: &[Origin], allowed: &[&str]) -> Result<Option<&'a str>, MetadataError> {
@@ -120,6 +166,7 @@ fn enumeration<'a>(params: &Params<'a>, name: &str, order: &[Origin], allowed: &
 }
 
 pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
+    let params = &params.declaring(KEYS);
     let (_, bootstrap_servers) = params
         .list(&["bootstrapServers"], &[Metadata, Env])
         .ok_or_else(|| MetadataError::missing("bootstrapServers", "list the brokers, host:port, comma-separated"))?;

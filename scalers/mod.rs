@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
-use crate::metadata::{MetadataError, Params};
+use crate::metadata::{Key, MetadataError, Params};
 
 registry!(redis, kafka, azure_servicebus, traffic);
 
@@ -194,6 +194,8 @@ pub enum ObserveError {
 /// and its parser.
 pub struct Kind {
     pub scalers: &'static [&'static str],
+    /// Every key the parser reads (its page's parameter list).
+    pub keys: &'static [Key],
     pub parse: fn(
         scaler: &'static str,
         params: &Params,
@@ -222,7 +224,7 @@ pub fn scaler_names() -> Vec<&'static str> {
 pub fn parse(scaler: &str, params: &Params, context: &Context) -> Result<Trigger, MetadataError> {
     for kind in REGISTRY {
         if let Some(name) = kind.scalers.iter().find(|name| **name == scaler) {
-            return (kind.parse)(name, params, context);
+            return (kind.parse)(name, &params.declaring(kind.keys), context);
         }
     }
     Err(MetadataError::invalid(

@@ -15,13 +15,40 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionI
 use tokio::sync::Mutex;
 
 use super::{SourceTls, Kind, Measurement, ObserveError, Query, Source, Trigger, metric_name};
-use crate::metadata::{MetadataError, Origin, Params};
+use crate::metadata::{Absent, Key, MetadataError, Origin, Params, Place};
 use crate::secret::{Secret, fingerprint};
 
 pub static KIND: Kind = Kind {
     scalers: &["redis", "redis-cluster", "redis-sentinel"],
+    keys: KEYS,
     parse,
 };
+
+/// KEDA's Redis keys, with its defaults.
+pub const KEYS: &[Key] = &[
+    Key::required("listName"),
+    Key::optional("listLength", Value("5")),
+    Key::optional("activationListLength", Value("0")),
+    Key::optional("databaseIndex", Value("0")),
+    Key::optional("address", Absent::None).in_(Place::Both),
+    Key::optional("addresses", Absent::None).in_(Place::Both),
+    Key::optional("host", Absent::None).in_(Place::Both),
+    Key::optional("hosts", Absent::None).in_(Place::Both),
+    Key::optional("port", Absent::None).in_(Place::Both),
+    Key::optional("ports", Absent::None).in_(Place::Both),
+    Key::optional("username", Absent::None).in_(Place::Both),
+    Key::optional("password", Absent::None).in_(Place::Both),
+    Key::optional("sentinelMaster", Absent::None).in_(Place::Both),
+    Key::optional("sentinelUsername", Absent::None).in_(Place::Both),
+    Key::optional("sentinelPassword", Absent::None).in_(Place::Both),
+    Key::optional("enableTLS", Value("false")),
+    Key::optional("unsafeSsl", Value("false")),
+    Key::optional("tls", Value("disable")).in_(Place::Auth),
+    Key::optional("ca", Absent::None).in_(Place::Auth),
+    Key::optional("cert", Absent::None).in_(Place::Auth),
+    Key::optional("key", Absent::None).in_(Place::Auth),
+    Key::optional("keyPassword", Absent::None).in_(Place::Auth),
+];
 
 const DEFAULT_PORT: u16 = 6379;
 
@@ -63,10 +90,12 @@ pub struct RedisConfig {
     pub tls: SourceTls,
 }
 
+use Absent::Value;
 use Origin::{Auth, Env, Metadata};
 
 /// KEDA's `redisMetadata` and `redisConnectionInfo`, key by key.
 pub fn parse_config(mode: Mode, params: &Params) -> Result<RedisConfig, MetadataError> {
+    let params = &params.declaring(KEYS);
     let list_length = params.number(&["listLength"], &[Metadata], 5_i64)?;
     let activation_list_length = params.number(&["activationListLength"], &[Metadata], 0_i64)?;
     let list_name = params

@@ -27,18 +27,37 @@ use http::uri::Authority;
 
 use crate::interceptor::Protocol;
 use crate::interceptor::traffic::{RouteSelector, Traffic};
-use crate::metadata::{MetadataError, Origin, Params};
+use crate::metadata::{Absent, Key, MetadataError, Origin, Params};
 use crate::routing::{Listen, RouteSpec};
 
 pub static KIND: Kind = Kind {
     scalers: &["http", "tcp"],
+    keys: KEYS,
     parse,
 };
+
+/// The keys of ACA's HTTP and TCP rules, and of a declared route.
+pub const KEYS: &[Key] = &[
+    Key::optional("route", Absent::None),
+    Key::optional("host", Absent::None),
+    Key::optional("concurrentRequests", Value("10")),
+    Key::optional("concurrentConnections", Value("10")),
+    Key::optional("activationConcurrentRequests", Value("0")),
+    Key::optional("activationConcurrentConnections", Value("0")),
+    Key::optional("metric", Described("`requestRate` / `connectionRate`")),
+    Key::optional("upstream", Absent::None),
+    Key::optional("pathPrefix", Described("the whole host")),
+    Key::optional("upstreamHTTP2", Value("false")),
+    Key::optional("coldStartTimeout", Described("`interceptor.cold_start_timeout`")),
+    Key::optional("responseTimeout", Described("`interceptor.response_timeout`")),
+    Key::optional("listenPort", Absent::None),
+];
 
 /// ACA evaluates HTTP and TCP rules every 15 s, the length of their window.
 pub const DEFAULT_POLLING_INTERVAL: Duration = Duration::from_secs(15);
 const DEFAULT_TARGET: f64 = 10.0;
 const METADATA: &[Origin] = &[Origin::Metadata];
+use Absent::{Described, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Measure {
@@ -70,6 +89,7 @@ fn keys(protocol: Protocol) -> Keys {
 }
 
 fn parse(scaler: &'static str, params: &Params, context: &Context) -> Result<Trigger, MetadataError> {
+    let params = &params.declaring(KEYS);
     let protocol = if scaler == "tcp" { Protocol::Tcp } else { Protocol::Http };
     let keys = keys(protocol);
     let declared = declared_route(protocol, params, context)?;
@@ -200,6 +220,7 @@ pub fn route_declared_by(
     params: &Params,
     context: &Context,
 ) -> Result<Option<RouteSpec>, MetadataError> {
+    let params = &params.declaring(KEYS);
     match scaler {
         "http" => declared_route(Protocol::Http, params, context),
         "tcp" => declared_route(Protocol::Tcp, params, context),

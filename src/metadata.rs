@@ -69,21 +69,118 @@ pub struct Found<'a> {
     pub value: &'a str,
 }
 
+/// One key a trigger reads, as its page's parameter list gives it. Each
+/// trigger declares all of its keys (`KEYS` in its file); its parser reads
+/// through `Params::declaring`, which refuses (in debug builds, so every
+/// test of a parser checks it) to look up a key the list does not have,
+/// or in a place the list does not give. tests/docs.rs holds each
+/// trigger's page to this list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub name: &'static str,
+    pub required: bool,
+    pub default: Absent,
+    pub place: Place,
+}
+
+/// What a trigger uses when a key is absent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Absent {
+    /// No value: the key is required, or its absence means "none".
+    None,
+    /// A value the key could be set to with the same effect as leaving
+    /// it out (tests/docs.rs sets it and compares).
+    Value(&'static str),
+    /// A default that is not a value of the key (a setting of hoist's
+    /// config, "every topic"): the page's default cell quotes this text.
+    Described(&'static str),
+}
+
+/// Where a key may be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// The trigger's metadata (or `<key>FromEnv`, resolved by KEDA).
+    Metadata,
+    /// Only an auth profile or a TriggerAuthentication.
+    Auth,
+    /// Either.
+    Both,
+    /// An auth profile, or `<key>FromEnv` in the metadata (never the
+    /// key itself in metadata: a credential written in clear).
+    AuthOrEnv,
+}
+
+impl Key {
+    pub const fn optional(name: &'static str, default: Absent) -> Self {
+        Self {
+            name,
+            required: false,
+            default,
+            place: Place::Metadata,
+        }
+    }
+
+    pub const fn required(name: &'static str) -> Self {
+        Self {
+            name,
+            required: true,
+            default: Absent::None,
+            place: Place::Metadata,
+        }
+    }
+
+    /// The same key, written in `place`.
+    pub const fn in_(self, place: Place) -> Self {
+        Self { place, ..self }
+    }
+
+    fn allows(&self, origin: Origin) -> bool {
+        match origin {
+            Origin::Metadata => matches!(self.place, Place::Metadata | Place::Both),
+            Origin::Env => self.place != Place::Auth,
+            Origin::Auth => self.place != Place::Metadata,
+        }
+    }
+}
+
 /// Read access to one trigger's metadata and auth params.
 #[derive(Debug, Clone, Copy)]
 pub struct Params<'a> {
     metadata: &'a HashMap<String, String>,
     auth: &'a AuthParams,
+    /// The keys the reader declared, when it declared them.
+    declared: Option<&'static [Key]>,
 }
 
 impl<'a> Params<'a> {
     pub fn new(metadata: &'a HashMap<String, String>, auth: &'a AuthParams) -> Self {
-        Self { metadata, auth }
+        Self {
+            metadata,
+            auth,
+            declared: None,
+        }
+    }
+
+    /// The same params, for a reader that reads only `keys`.
+    pub fn declaring(self, keys: &'static [Key]) -> Self {
+        Self {
+            declared: Some(keys),
+            ..self
+        }
     }
 
     /// The first non-blank value, trying every origin in `order` and within
     /// it every name, as KEDA does. Values are trimmed.
     pub fn find(&self, names: &[&str], order: &[Origin]) -> Option<Found<'a>> {
+        if let Some(keys) = self.declared {
+            for name in names {
+                let key = keys.iter().find(|key| key.name == *name);
+                debug_assert!(
+                    key.is_some_and(|key| order.iter().all(|origin| key.allows(*origin))),
+                    "`{name}` read from {order:?} is not in the trigger's KEYS that way"
+                );
+            }
+        }
         for origin in order {
             for name in names {
                 let (key, value) = match origin {
@@ -231,6 +328,44 @@ mod tests {
             err.to_string(),
             "invalid `listLengthFromEnv`: `AA` is not an integer"
         );
+    }
+
+    const DECLARED: &[Key] = &[
+        Key::optional("listLength", Absent::Value("5")),
+        Key::optional("password", Absent::None).in_(Place::AuthOrEnv),
+    ];
+
+    #[test]
+    fn a_declared_key_is_read_where_it_is_declared() {
+        let md = metadata(&[("listLength", "7"), ("passwordFromEnv", "p")]);
+        let auth = AuthParams::new();
+        let params = Params::new(&md, &auth).declaring(DECLARED);
+        assert_eq!(
+            params.number(&["listLength"], &[Origin::Metadata], 5),
+            Ok(7)
+        );
+        let password = params.string(&["password"], &[Origin::Auth, Origin::Env]);
+        assert_eq!(password.as_deref(), Some("p"));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "`listName` read from [Metadata] is not in the trigger's KEYS")]
+    fn reading_an_undeclared_key_panics_in_debug_builds() {
+        let (md, auth) = (metadata(&[]), AuthParams::new());
+        Params::new(&md, &auth)
+            .declaring(DECLARED)
+            .find(&["listName"], &[Origin::Metadata]);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "`password` read from [Metadata] is not in the trigger's KEYS")]
+    fn reading_a_key_where_it_is_not_declared_panics_in_debug_builds() {
+        let (md, auth) = (metadata(&[]), AuthParams::new());
+        Params::new(&md, &auth)
+            .declaring(DECLARED)
+            .find(&["password"], &[Origin::Metadata]);
     }
 
     #[test]

@@ -18,13 +18,23 @@
 //! - every relative link and `#anchor` of the docs resolves (`links.rs`);
 //! - docs/troubleshooting.md has an entry for every error type a user
 //!   meets, and every message it quotes is one the code can produce
-//!   (`errors.rs`).
+//!   (`errors.rs`);
+//! - every trigger page lists every key its parser reads, with the
+//!   parser's default (`keys.rs`);
+//! - every number a README link quotes is in the section it links
+//!   (`numbers.rs`); README's five-minute try runs in tests/readme_try.rs;
+//! - docs/interceptor.md's Ingress and Gateway reach the proxy Service the
+//!   manifests and the chart make, by its name, namespace and port.
 
 #[path = "docs/errors.rs"]
 mod errors;
+#[path = "docs/keys.rs"]
+mod keys;
 #[path = "docs/links.rs"]
 mod links;
 mod manifests;
+#[path = "docs/numbers.rs"]
+mod numbers;
 
 use std::collections::BTreeSet;
 
@@ -433,4 +443,92 @@ fn every_keda_object_the_docs_show_is_valid_against_kedas_crds() {
         kinds.insert(object["kind"].as_str().unwrap().to_string());
     }
     assert_eq!(kinds, crds::kinds_shown());
+}
+
+#[test]
+fn the_ingress_in_front_reaches_the_proxy_service_the_manifests_and_chart_make() {
+    let docs = manifests::documents("deploy/kubernetes");
+    let proxy = manifests::named(&docs, "Service", "hoist-interceptor-proxy");
+    let namespace = proxy["metadata"]["namespace"].as_str().unwrap();
+    let http = manifests::service_ports(proxy)["http"].0;
+    // The chart's: `<release>-interceptor-proxy` on `interceptor.httpPort`.
+    let values = manifests::parse(
+        "values.yaml",
+        &std::fs::read_to_string(root().join("deploy/helm/hoist/values.yaml")).unwrap(),
+    );
+    assert_eq!(values[0]["interceptor"]["httpPort"].as_i64(), Some(http));
+    let helpers =
+        std::fs::read_to_string(root().join("deploy/helm/hoist/templates/_helpers.tpl")).unwrap();
+    assert!(helpers.contains(r#"printf "%s-interceptor-proxy" (include "hoist.fullname" .)"#));
+
+    let page = std::fs::read_to_string(root().join("docs/interceptor.md")).unwrap();
+    let heading = page
+        .lines()
+        .position(|l| l == "## Ingress in front")
+        .expect("docs/interceptor.md: ## Ingress in front")
+        + 1;
+    let shown: Vec<yaml_rust2::Yaml> = snippets::blocks("docs/interceptor.md".as_ref())
+        .into_iter()
+        .filter(|block| {
+            block.lang == "yaml"
+                && block
+                    .at
+                    .rsplit(':')
+                    .next()
+                    .unwrap()
+                    .parse::<usize>()
+                    .unwrap()
+                    > heading
+        })
+        .flat_map(|block| manifests::parse(&block.at, &block.text))
+        .collect();
+    let of_kind = |kind: &str| {
+        let found = manifests::kind(&shown, kind);
+        assert_eq!(found.len(), 1, "one {kind} in Ingress in front");
+        found[0].clone()
+    };
+    let (bridge, ingress) = (of_kind("Service"), of_kind("Ingress"));
+    let (route, grant) = (of_kind("HTTPRoute"), of_kind("ReferenceGrant"));
+
+    // An Ingress and the ExternalName Service it names, in the app's
+    // namespace, naming the proxy Service in `keda` on its HTTP port.
+    let app = ingress["metadata"]["namespace"].as_str().unwrap();
+    assert_ne!(app, namespace, "the Ingress is in the app's namespace");
+    assert_eq!(bridge["metadata"]["namespace"].as_str(), Some(app));
+    assert_eq!(bridge["spec"]["type"].as_str(), Some("ExternalName"));
+    assert_eq!(
+        bridge["spec"]["externalName"].as_str().unwrap(),
+        format!("hoist-interceptor-proxy.{namespace}.svc.cluster.local")
+    );
+    let bridge_port = manifests::list(&bridge["spec"]["ports"])[0]["port"].as_i64();
+    assert_eq!(bridge_port, Some(http));
+    let backend = &manifests::list(&manifests::list(&ingress["spec"]["rules"])[0]["http"]["paths"])
+        [0]["backend"]["service"];
+    assert_eq!(backend["name"].as_str(), Some(manifests::name(&bridge)));
+    assert_eq!(backend["port"]["number"].as_i64(), Some(http));
+
+    // An HTTPRoute naming the proxy Service across namespaces, and the
+    // ReferenceGrant in `keda` that lets exactly it.
+    assert_eq!(route["metadata"]["namespace"].as_str(), Some(app));
+    let target = &manifests::list(&manifests::list(&route["spec"]["rules"])[0]["backendRefs"])[0];
+    assert_eq!(target["name"].as_str(), Some("hoist-interceptor-proxy"));
+    assert_eq!(target["namespace"].as_str(), Some(namespace));
+    assert_eq!(target["port"].as_i64(), Some(http));
+    assert_eq!(grant["metadata"]["namespace"].as_str(), Some(namespace));
+    let from = &manifests::list(&grant["spec"]["from"])[0];
+    assert_eq!(
+        (from["kind"].as_str(), from["namespace"].as_str()),
+        (Some("HTTPRoute"), Some(app))
+    );
+    let to = &manifests::list(&grant["spec"]["to"])[0];
+    assert_eq!(
+        (to["kind"].as_str(), to["name"].as_str()),
+        (Some("Service"), Some("hoist-interceptor-proxy"))
+    );
+    // Both send the same host, which is what the proxy routes by.
+    let host = manifests::list(&ingress["spec"]["rules"])[0]["host"].as_str();
+    assert_eq!(
+        manifests::list(&route["spec"]["hostnames"])[0].as_str(),
+        host
+    );
 }

@@ -538,6 +538,9 @@ fn put_trigger_authentications(api: &kube_api::FakeApi) -> BTreeSet<(String, Str
             }
             let value = match parameter {
                 "connection" => SERVICE_BUS_CONNECTION,
+                // An enumeration: TLS to the source, as the docs' examples
+                // turn it on from a TriggerAuthentication.
+                "tls" => "enable",
                 _ => "secret",
             };
             secrets

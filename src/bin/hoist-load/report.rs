@@ -341,7 +341,7 @@ fn render_sources(out: &mut String, results: &[Value]) {
     for r in redis {
         let _ = writeln!(
             out,
-            "Redis: {} ScaledObjects on one list, `pollingInterval: {}`, asked {} times (GetMetrics for every object every interval) over {} intervals: Redis ran **{} LLEN** ({} runs of hoist's length script, by EVAL or EVALSHA, {} commands in all, counted by `INFO commandstats`): {:.1} per interval.\n",
+            "Redis: {} ScaledObjects on one list, `pollingInterval: {}`, asked {} times (GetMetrics for every object every interval) over {} intervals: Redis ran **{} LLEN** ({} runs of hoist's length script, each one plain EVAL as KEDA sends, {} commands in all, counted by `INFO commandstats`): {:.1} per interval.\n",
             thousands(num(r, "objects").unwrap_or(f64::NAN)),
             num(r, "interval_s").unwrap_or(f64::NAN),
             thousands(num(r, "get_metrics_calls").unwrap_or(f64::NAN)),
