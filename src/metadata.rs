@@ -348,24 +348,26 @@ mod tests {
         assert_eq!(password.as_deref(), Some("p"));
     }
 
+    /// Looks `name` up in `origin` through `DECLARED`.
+    fn read_declared(name: &str, origin: Origin) {
+        let (md, auth) = (metadata(&[]), AuthParams::new());
+        Params::new(&md, &auth)
+            .declaring(DECLARED)
+            .find(&[name], &[origin]);
+    }
+
     #[test]
     #[cfg(debug_assertions)]
     #[should_panic(expected = "`listName` read from [Metadata] is not in the trigger's KEYS")]
     fn reading_an_undeclared_key_panics_in_debug_builds() {
-        let (md, auth) = (metadata(&[]), AuthParams::new());
-        Params::new(&md, &auth)
-            .declaring(DECLARED)
-            .find(&["listName"], &[Origin::Metadata]);
+        read_declared("listName", Origin::Metadata);
     }
 
     #[test]
     #[cfg(debug_assertions)]
     #[should_panic(expected = "`password` read from [Metadata] is not in the trigger's KEYS")]
     fn reading_a_key_where_it_is_not_declared_panics_in_debug_builds() {
-        let (md, auth) = (metadata(&[]), AuthParams::new());
-        Params::new(&md, &auth)
-            .declaring(DECLARED)
-            .find(&["password"], &[Origin::Metadata]);
+        read_declared("password", Origin::Metadata);
     }
 
     #[test]
