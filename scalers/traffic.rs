@@ -36,12 +36,16 @@ pub static KIND: Kind = Kind {
     parse,
 };
 
+/// What a trigger naming a config route targets when it sets no target.
+const ROUTE_TARGET: &str =
+    "the config route's `concurrent_requests` / `concurrent_connections`, else `10`";
+
 /// The keys of ACA's HTTP and TCP rules, and of a declared route.
 pub const KEYS: &[Key] = &[
     Key::optional("route", Absent::None),
     Key::optional("host", Absent::None),
-    Key::optional("concurrentRequests", Value("10")),
-    Key::optional("concurrentConnections", Value("10")),
+    Key::optional("concurrentRequests", Described(ROUTE_TARGET)),
+    Key::optional("concurrentConnections", Described(ROUTE_TARGET)),
     Key::optional("activationConcurrentRequests", Value("0")),
     Key::optional("activationConcurrentConnections", Value("0")),
     Key::optional("metric", Described("`requestRate` / `connectionRate`")),
