@@ -9,8 +9,26 @@ use crate::config::{MAX_POLLING_INTERVAL, MAX_TIMEOUT_MS};
 use crate::engine::Rules;
 use crate::engine::rules::WrittenKeys;
 
-use crate::metadata::{AuthParams, MetadataError, Origin, Params};
+use crate::metadata::{Absent, AuthParams, Key, MetadataError, Origin, Params};
 use crate::scalers::{self, Trigger};
+
+/// The keys every trigger takes, as docs/triggers/README.md lists them
+/// (engine mode adds `engine::rules::METADATA_KEYS`).
+pub const KEYS: &[Key] = &[
+    Key::required("scaler"),
+    Key::optional(
+        "pollingInterval",
+        Absent::Described(
+            "the ScaledObject's `spec.pollingInterval`, else `15` for `http` and `tcp` (ACA's), else `30`",
+        ),
+    ),
+    Key::optional(
+        "timeout",
+        Absent::Described("`3000` (config `polling.default_timeout`)"),
+    ),
+    Key::optional("scalingMode", Absent::Value("passthrough")),
+    Key::optional("authRef", Absent::None),
+];
 
 /// Values used when the metadata leaves a common key out.
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +67,7 @@ pub fn parse(
     context: &scalers::Context,
 ) -> Result<TriggerConfig, MetadataError> {
     let no_auth = AuthParams::new();
-    let bare = Params::new(metadata, &no_auth);
+    let bare = Params::new(metadata, &no_auth).declaring(KEYS);
     let scaler = bare.find(&["scaler"], &[Origin::Metadata]).ok_or_else(|| {
         MetadataError::missing(
             "scaler",
@@ -82,7 +100,7 @@ pub fn parse(
         (None, Some(authentication)) => authentication,
         (None, None) => AuthParams::new(),
     };
-    let params = Params::new(metadata, &auth);
+    let params = Params::new(metadata, &auth).declaring(KEYS);
     let trigger = scalers::parse(scaler.value, &params, context)?;
 
     let polling_interval = match params.find(&["pollingInterval"], &[Origin::Metadata]) {
@@ -163,6 +181,7 @@ fn for_the_trigger(params: &AuthParams) -> AuthParams {
 
 /// Which of the ScaledObject-level settings the metadata writes itself.
 fn written_rule_keys(params: &Params) -> WrittenKeys {
+    let params = params.declaring(crate::engine::rules::METADATA_KEYS);
     let present = |keys: &[&str]| {
         keys.iter()
             .any(|key| params.find(&[key], &[Origin::Metadata]).is_some())

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hpa::{Policy, PolicyType, ScalingRules, SelectPolicy};
 use crate::config::MAX_POLLING_INTERVAL;
-use crate::metadata::{MetadataError, Origin, Params};
+use crate::metadata::{Absent, Key, MetadataError, Origin, Params};
 
 /// The longest cooldown hoist accepts: 30 days.
 pub const MAX_COOLDOWN_PERIOD: u64 = 30 * 86_400;
@@ -132,6 +132,7 @@ impl Rules {
     /// Reads the rule keys from trigger metadata. Absent keys keep ACA's
     /// defaults; `pollingInterval` comes from the trigger's own setting.
     pub fn from_metadata(params: &Params, polling_interval: u64) -> Result<Self, MetadataError> {
+        let params = &params.declaring(METADATA_KEYS);
         let defaults = Rules::default();
         let number =
             |key: &str, default: u64| params.number::<u64>(&[key], &[Origin::Metadata], default);
@@ -304,6 +305,38 @@ pub enum Source {
     /// hoist's default (ACA's).
     Default,
 }
+
+/// The engine's keys in trigger metadata, as docs/engine.md lists them.
+/// Their defaults are described, not values: writing a key, even with
+/// its default, makes it the trigger's own over the ScaledObject's.
+pub const METADATA_KEYS: &[Key] = &[
+    Key::optional("minReplicaCount", Described("the ScaledObject's, else `0`")),
+    Key::optional(
+        "maxReplicaCount",
+        Described("the ScaledObject's, else `10`"),
+    ),
+    Key::optional(
+        "pollingInterval",
+        Described("the ScaledObject's, else `15` for `http` and `tcp`, else `30`"),
+    ),
+    Key::optional(
+        "cooldownPeriod",
+        Described("the ScaledObject's, else `300`"),
+    ),
+    Key::optional("scaleUpStabilizationWindowSeconds", Described("`0`")),
+    Key::optional("scaleDownStabilizationWindowSeconds", Described("`300`")),
+    Key::optional("tolerance", Described("`0.1`")),
+    Key::optional("behavior", Described("the ScaledObject's, else none")),
+    Key::optional(
+        "fallbackFailureThreshold",
+        Described("the ScaledObject's `fallback`, else none"),
+    ),
+    Key::optional(
+        "fallbackReplicas",
+        Described("the ScaledObject's `fallback`, else none"),
+    ),
+];
+use Absent::Described;
 
 /// The rule keys a trigger's metadata wrote, by their metadata names.
 pub const RULE_KEYS: [&str; 6] = [

@@ -1,4 +1,7 @@
-//! Every trigger page's parameter list is its parser's. Each trigger
+//! Every trigger page's parameter list is its parser's (and the keys
+//! every trigger takes, and engine mode's, are those `src/trigger.rs` and
+//! `src/engine/rules.rs` read, on docs/triggers/README.md and
+//! docs/engine.md). Each trigger
 //! declares the keys it reads (`KEYS` in its file, `Kind::keys` in the
 //! registry) and reads through `Params::declaring`, which refuses, in
 //! debug builds, a key the list lacks: so the list is the parser's, and
@@ -76,6 +79,43 @@ fn parameter_rows(page: &str) -> BTreeMap<String, Row> {
     rows
 }
 
+/// Holds `page`'s parameter lists to `keys`: every key listed,
+/// `Required` exactly for the required ones, the listed default, and no
+/// other key. The number of keys checked.
+fn check_list(page: &str, keys: &[Key]) -> usize {
+    let rows = parameter_rows(page);
+    assert!(!keys.is_empty());
+    for key in keys {
+        let Some(row) = rows.get(key.name) else {
+            panic!(
+                "{page}: `{}` is read by the parser and not listed",
+                key.name
+            );
+        };
+        let required = if key.required { "Required" } else { "Optional" };
+        assert_eq!(row.required, required, "{page}: `{}`", key.name);
+        match key.default {
+            Absent::None => assert_eq!(row.default, "—", "{page}: `{}`", key.name),
+            Absent::Value(value) => {
+                assert_eq!(row.default, format!("`{value}`"), "{page}: `{}`", key.name)
+            }
+            Absent::Described(text) => assert!(
+                row.default.contains(text),
+                "{page}: `{}`'s default is {text}, the page says {}",
+                key.name,
+                row.default
+            ),
+        }
+    }
+    for listed in rows.keys() {
+        assert!(
+            keys.iter().any(|key| key.name == listed),
+            "{page} lists `{listed}`, which the parser does not read"
+        );
+    }
+    keys.len()
+}
+
 #[test]
 fn every_trigger_page_lists_every_key_its_parser_reads_with_the_parsers_default() {
     let pages = pages();
@@ -85,42 +125,15 @@ fn every_trigger_page_lists_every_key_its_parser_reads_with_the_parsers_default(
         for scaler in kind.scalers {
             assert_eq!(&pages[*scaler], page, "`{scaler}` and its kind on one page");
         }
-        let rows = parameter_rows(page);
-        assert!(!kind.keys.is_empty());
-        for key in kind.keys {
-            let Some(row) = rows.get(key.name) else {
-                panic!(
-                    "{page}: `{}` is read by the parser and not listed",
-                    key.name
-                );
-            };
-            if key.required {
-                assert_eq!(row.required, "Required", "{page}: `{}`", key.name);
-            } else {
-                assert_eq!(row.required, "Optional", "{page}: `{}`", key.name);
-            }
-            match key.default {
-                Absent::None => assert_eq!(row.default, "—", "{page}: `{}`", key.name),
-                Absent::Value(value) => {
-                    assert_eq!(row.default, format!("`{value}`"), "{page}: `{}`", key.name)
-                }
-                Absent::Described(text) => assert!(
-                    row.default.contains(text),
-                    "{page}: `{}`'s default is {text}, the page says {}",
-                    key.name,
-                    row.default
-                ),
-            }
-            checked += 1;
-        }
-        for listed in rows.keys() {
-            assert!(
-                kind.keys.iter().any(|key| key.name == listed),
-                "{page} lists `{listed}`, which the parser does not read"
-            );
-        }
+        checked += check_list(page, kind.keys);
     }
     assert!(checked >= 60, "{checked} keys");
+}
+
+#[test]
+fn the_keys_every_trigger_takes_and_the_engines_are_listed_as_read() {
+    check_list("docs/triggers/README.md", hoist::trigger::KEYS);
+    check_list("docs/engine.md", hoist::engine::rules::METADATA_KEYS);
 }
 
 /// The first trigger the page shows for one of `kind`'s scalers: its
