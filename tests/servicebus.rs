@@ -509,3 +509,39 @@ async fn regex_mode_over_a_topics_subscriptions() {
         "/events/Subscriptions?$skip=0&$top=100&api-version=2021-05"
     );
 }
+
+/// Removing a `*FromEnv` key is an edit of the trigger, not a new value of
+/// it: asked again under the same ScaledObject without
+/// `connectionFromEnv`, the trigger gets INVALID_ARGUMENT naming the
+/// missing connection (it used to get UNAVAILABLE: "tracked already with
+/// other values of its `FromEnv` keys"), and the first one keeps counting.
+#[tokio::test]
+async fn a_from_env_key_removed_is_an_edit_and_its_error_names_the_key() {
+    let namespace = FakeNamespace::default();
+    namespace.answer(
+        "/orders",
+        vec![(
+            200,
+            fixture("queue-runtime-properties.active1-dlq1-sched1.api2017-04.dotnet.xml"),
+        )],
+    );
+    let addr = namespace.start().await;
+    let hoist = Hoist::start().await;
+    let with = queue("orders", &connection(addr), &[]);
+    let first = count(&hoist, &with).await.unwrap();
+    let without = object(
+        &with.name,
+        &[("scaler", "azure-servicebus"), ("queueName", "orders")],
+    );
+    for _ in 0..2 {
+        let status = count(&hoist, &without).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+        assert!(
+            status.message().contains("`connection`")
+                && status.message().contains("connectionFromEnv"),
+            "{}",
+            status.message()
+        );
+    }
+    assert_eq!(count(&hoist, &with).await.unwrap(), first);
+}
