@@ -260,7 +260,8 @@ pub(super) struct Plan {
 pub(super) enum Checked {
     /// Another call tracked the same trigger meanwhile.
     Tracked(Arc<Tracked>),
-    Ready(Ready),
+    /// Boxed: a plan is a parsed config and more, the other an `Arc`.
+    Ready(Box<Ready>),
 }
 
 impl Plan {
@@ -274,10 +275,10 @@ impl Plan {
                 }
                 Ok(Checked::Tracked(tracked))
             }
-            Verdict::Replaces(replaced) => Ok(Checked::Ready(Ready {
+            Verdict::Replaces(replaced) => Ok(Checked::Ready(Box::new(Ready {
                 plan: self,
                 replaced,
-            })),
+            }))),
         }
     }
 }
@@ -291,7 +292,11 @@ pub(super) struct Ready {
 impl Ready {
     /// Carries the check out; it cannot fail, so the state never stays
     /// half-changed.
-    pub(super) fn apply(self, state: &mut State, inner: &Inner) -> (Arc<Tracked>, Startups) {
+    pub(super) fn apply(
+        self: Box<Self>,
+        state: &mut State,
+        inner: &Inner,
+    ) -> (Arc<Tracked>, Startups) {
         let Plan {
             parsed,
             claim,
