@@ -140,8 +140,9 @@ fn queue(name: &str, connection: &str, extra: &[(&str, &str)]) -> ScaledObjectRe
     object(&format!("so-{}", object_name.trim_matches('-')), &metadata)
 }
 
-#[tokio::test]
-async fn queues_and_subscriptions_are_read_with_a_signed_request() {
+/// A namespace whose queue `orders` holds one active message (and a dead
+/// letter and a scheduled one).
+fn orders_namespace() -> FakeNamespace {
     let namespace = FakeNamespace::default();
     namespace.answer(
         "/orders",
@@ -150,6 +151,12 @@ async fn queues_and_subscriptions_are_read_with_a_signed_request() {
             fixture("queue-runtime-properties.active1-dlq1-sched1.api2017-04.dotnet.xml"),
         )],
     );
+    namespace
+}
+
+#[tokio::test]
+async fn queues_and_subscriptions_are_read_with_a_signed_request() {
+    let namespace = orders_namespace();
     namespace.answer(
         "/idle",
         vec![(
@@ -517,14 +524,7 @@ async fn regex_mode_over_a_topics_subscriptions() {
 /// other values of its `FromEnv` keys"), and the first one keeps counting.
 #[tokio::test]
 async fn a_from_env_key_removed_is_an_edit_and_its_error_names_the_key() {
-    let namespace = FakeNamespace::default();
-    namespace.answer(
-        "/orders",
-        vec![(
-            200,
-            fixture("queue-runtime-properties.active1-dlq1-sched1.api2017-04.dotnet.xml"),
-        )],
-    );
+    let namespace = orders_namespace();
     let addr = namespace.start().await;
     let hoist = Hoist::start().await;
     let with = queue("orders", &connection(addr), &[]);
