@@ -386,10 +386,11 @@ impl Driver {
     fn revoke_disallowed(&self) {
         let settings = self.inner.settings.load();
         let profiles = self.inner.profiles.load();
+        // Taken out of the lock first: resolving credentials reads the
+        // cluster's stores, and parsing may read auth profiles' files.
         let refused: Vec<(TriggerKey, TrackError)> = self
-            .read_state()
-            .triggers
-            .values()
+            .tracked()
+            .iter()
             .filter_map(|tracked| {
                 let authentication = match tracked.credentials.as_deref() {
                     None => Ok(None),
