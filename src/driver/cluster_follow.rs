@@ -28,10 +28,9 @@ use crate::routing::{DeclaredRoutes, Owner, RouteSpec};
 pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
     // Subscribed before the first read: no change falls between the two.
     let mut changes = cluster.changes();
-    let cancel = driver.inner.cancel.clone();
     while !cluster.has_listed() {
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = driver.shutting_down() => return,
             _ = cluster.wait_synced() => {}
         }
     }
@@ -45,7 +44,7 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
     let mut decided: Option<Vec<RouteSpec>> = None;
     loop {
         if let Some(registry) = driver.routes() {
-            let context = driver.inner.settings.load().context.clone();
+            let context = driver.trigger_context();
             let routes_of =
                 |object: &DynamicObject, owner| routes_declared_by(object, owner, &context);
             if routes.update(&cluster, &changed, routes_of) {
@@ -58,13 +57,9 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
         }
         driver.follow_objects(&cluster, &changed);
         let pending = unreconciled.update(&cluster, &changed, driver.grpc_port());
-        driver
-            .inner
-            .metrics
-            .keda_unreconciled
-            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        driver.set_unreconciled(pending);
         changed = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = driver.shutting_down() => return,
             batch = next_batch(&mut changes) => match batch {
                 Some(batch) => batch,
                 None => return,
@@ -76,10 +71,9 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
 /// Re-evaluates an engine at once when its scale target changes outside.
 pub(super) async fn follow_targets(driver: Driver, cluster: Arc<Cluster>) {
     let mut changes = cluster.target_changes();
-    let cancel = driver.inner.cancel.clone();
     loop {
         let change = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = driver.shutting_down() => return,
             change = changes.recv() => change,
         };
         match change {
@@ -150,6 +144,19 @@ fn routes_declared_by(
 }
 
 impl Driver {
+    /// What triggers are parsed with (hoist's own parts they may read).
+    fn trigger_context(&self) -> crate::scalers::Context {
+        self.inner.settings.load().context.clone()
+    }
+
+    /// `hoist_keda_unreconciled_scaledobjects`.
+    fn set_unreconciled(&self, count: usize) {
+        self.inner
+            .metrics
+            .keda_unreconciled
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
     /// One walk over the triggers of changed ScaledObjects: a trigger the
     /// cluster no longer backs (its ScaledObject gone, or none of its
     /// triggers carrying the tracked metadata) stops, and KEDA's next call

@@ -26,6 +26,9 @@ pub(super) struct Engines {
 pub(super) struct EnginePlan {
     pub(super) rules: MetadataRules,
     pub(super) counting: Counting,
+    /// `engine.assume_applied` of the settings the trigger was checked
+    /// against.
+    pub(super) assume_applied: bool,
 }
 
 impl Engines {
@@ -81,7 +84,7 @@ impl Engines {
             name: key.name.clone(),
             rules: plan.rules,
             policy: CountPolicy {
-                assume_applied: inner.settings.load().assume_applied,
+                assume_applied: plan.assume_applied,
                 restored: count_restored,
             },
             state: restored.unwrap_or_default(),

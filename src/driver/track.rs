@@ -229,6 +229,7 @@ impl Claimed {
                     Some(cluster) => Counting::Cluster(cluster),
                     None => Counting::OwnDecisions,
                 },
+                assume_applied: parsed.settings.assume_applied,
             }),
         };
         Plan {
