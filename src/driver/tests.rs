@@ -837,6 +837,36 @@ async fn a_forged_from_env_value_never_moves_an_engines_inputs() {
     );
 }
 
+/// A runtime whose tasks run beside the threads racing through
+/// [`Driver::track`] (a sync call that starts tasks).
+fn threaded_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// No limits: each test sets the one it puts at its edge.
+fn unlimited() -> DriverSettings {
+    DriverSettings::unlimited(
+        Defaults {
+            polling_interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(3),
+        },
+        Duration::from_secs(3600),
+    )
+}
+
+/// A caller proven by the cluster or mTLS (without a cluster here).
+fn trusted_caller() -> Caller {
+    Caller {
+        proven: true,
+        checked_in_cluster: false,
+        authentication: None,
+    }
+}
+
 /// Which cap a run of [`racing_tracks`] puts at its edge.
 #[derive(Clone, Copy, Debug)]
 enum Cap {
@@ -876,11 +906,7 @@ fn racing_tracks(
     Vec<TrackError>,
 ) {
     const THREADS: usize = 8;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = threaded_runtime();
     let candidates: Vec<TriggerKey> = (0..4)
         .flat_map(|n| {
             (0..5).flat_map(move |o| (0..2).flat_map(move |l| (0..2).map(move |v| (n, o, l, v))))
@@ -889,13 +915,7 @@ fn racing_tracks(
         .collect();
     let size = candidates[0].size();
     assert!(candidates.iter().all(|key| key.size() == size));
-    let mut settings = DriverSettings::unlimited(
-        Defaults {
-            polling_interval: Duration::from_secs(30),
-            timeout: Duration::from_secs(3),
-        },
-        Duration::from_secs(3600),
-    );
+    let mut settings = unlimited();
     match cap {
         Cap::Triggers => settings.max_tracked_triggers = 7,
         Cap::PerNamespace => settings.max_tracked_triggers_per_namespace = 3,
@@ -911,11 +931,7 @@ fn racing_tracks(
             CancellationToken::new(),
         )
     };
-    let caller = Caller {
-        proven: true,
-        checked_in_cluster: false,
-        authentication: None,
-    };
+    let caller = trusted_caller();
     let start = std::sync::Barrier::new(THREADS);
     let refusals = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..THREADS)
@@ -1015,4 +1031,108 @@ fn racing_tracks_never_end_above_a_cap_nor_half_done() {
         drop(driver);
         runtime.shutdown_background();
     }
+}
+
+/// A trigger refused at a cap after its route was claimed (calls racing
+/// past the first look at the cap, refused under the lock) leaves no claim
+/// behind: the routes declared are those of the tracked triggers, and a
+/// place given back lets another's route in.
+#[test]
+fn triggers_refused_at_a_cap_leave_no_route_claimed() {
+    const THREADS: usize = 8;
+    let runtime = threaded_runtime();
+    let mut interceptor = crate::config::InterceptorSettings {
+        enabled: true,
+        http_listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
+    interceptor
+        .allowed_hosts
+        .insert("*".into(), vec!["*.example".into()]);
+    let bound = runtime
+        .block_on(crate::interceptor::Interceptor::bind(
+            &interceptor,
+            Duration::from_secs(1),
+        ))
+        .unwrap();
+    let traffic = crate::interceptor::traffic::Traffic::Local(bound.control().routes());
+    let mut settings = unlimited();
+    settings.max_tracked_triggers = 3;
+    settings.routes = Some(crate::routing::RouteRules {
+        interceptor,
+        config_routes: Vec::new(),
+    });
+    settings.context.traffic = Some(traffic);
+    let driver = {
+        let _runtime = runtime.enter();
+        Driver::new(
+            settings,
+            AuthProfiles::default(),
+            Arc::new(Metrics::new()),
+            CancellationToken::new(),
+        )
+    };
+    let caller = trusted_caller();
+    let web = |index: usize| {
+        let name = format!("web{index}");
+        let metadata = [
+            ("scaler", "http".to_string()),
+            ("host", format!("{name}.example")),
+            ("upstream", format!("{name}:80")),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .collect();
+        TriggerKey::new("default".into(), name, metadata)
+    };
+    let declared = |driver: &Driver| -> std::collections::BTreeSet<String> {
+        let (routes, _) = driver.routes().unwrap().snapshot();
+        routes.into_iter().map(|route| route.name).collect()
+    };
+    let start = std::sync::Barrier::new(THREADS);
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let (driver, caller, start, web) = (&driver, &caller, &start, &web);
+            let handle = runtime.handle().clone();
+            scope.spawn(move || {
+                let _runtime = handle.enter();
+                start.wait();
+                for step in 0..24 {
+                    let _ = driver.track(web((thread * 5 + step) % 24), caller);
+                }
+            });
+        }
+    });
+    let tracked: std::collections::BTreeSet<String> = driver
+        .tracked()
+        .iter()
+        .map(|trigger| trigger.config.trigger.route.as_ref().unwrap().name.clone())
+        .collect();
+    assert_eq!(tracked.len(), 3);
+    assert_eq!(
+        declared(&driver),
+        tracked,
+        "a refused trigger's claim was left"
+    );
+    let gone = driver.tracked()[0].key.clone();
+    driver.revoke(&[gone], "test");
+    let newcomer = (0..24)
+        .map(web)
+        .find(|key| driver.lookup(key).unwrap().is_none())
+        .unwrap();
+    let route = {
+        let _runtime = runtime.enter();
+        driver
+            .track(newcomer, &caller)
+            .unwrap()
+            .config
+            .trigger
+            .route
+            .clone()
+            .unwrap()
+    };
+    assert!(declared(&driver).contains(&route.name));
+    assert_eq!(declared(&driver).len(), 3);
+    drop(driver);
+    runtime.shutdown_background();
 }
