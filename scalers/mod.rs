@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 use tokio::sync::watch;
 
 use crate::metadata::{Key, MetadataError, Params};
+pub use crate::observe_error::ObserveError;
 
 registry!(redis, kafka, azure_servicebus, traffic);
 
@@ -175,19 +176,6 @@ impl Measurement {
             activity: value,
         }
     }
-}
-
-/// Why a measurement failed. Messages never contain secrets.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ObserveError {
-    #[error("cannot connect: {0}")]
-    Connect(String),
-    #[error("credentials refused: {0}")]
-    Auth(String),
-    #[error("query failed: {0}")]
-    Query(String),
-    #[error("unusable configuration: {0}")]
-    Config(String),
 }
 
 /// One entry of the registry: the `scaler` values a trigger file handles

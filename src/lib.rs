@@ -16,6 +16,7 @@ pub mod listen;
 pub mod logging;
 pub mod metadata;
 pub mod metrics;
+pub mod observe_error;
 pub mod persist;
 pub mod probe;
 pub mod reload;

@@ -140,8 +140,9 @@ fn queue(name: &str, connection: &str, extra: &[(&str, &str)]) -> ScaledObjectRe
     object(&format!("so-{}", object_name.trim_matches('-')), &metadata)
 }
 
-#[tokio::test]
-async fn queues_and_subscriptions_are_read_with_a_signed_request() {
+/// A namespace whose queue `orders` holds one active message (and a dead
+/// letter and a scheduled one).
+fn orders_namespace() -> FakeNamespace {
     let namespace = FakeNamespace::default();
     namespace.answer(
         "/orders",
@@ -150,6 +151,12 @@ async fn queues_and_subscriptions_are_read_with_a_signed_request() {
             fixture("queue-runtime-properties.active1-dlq1-sched1.api2017-04.dotnet.xml"),
         )],
     );
+    namespace
+}
+
+#[tokio::test]
+async fn queues_and_subscriptions_are_read_with_a_signed_request() {
+    let namespace = orders_namespace();
     namespace.answer(
         "/idle",
         vec![(
@@ -508,4 +515,33 @@ async fn regex_mode_over_a_topics_subscriptions() {
         seen[0].path_and_query,
         "/events/Subscriptions?$skip=0&$top=100&api-version=2021-05"
     );
+}
+
+/// Removing a `*FromEnv` key is an edit of the trigger, not a new value of
+/// it: asked again under the same ScaledObject without
+/// `connectionFromEnv`, the trigger gets INVALID_ARGUMENT naming the
+/// missing connection (it used to get UNAVAILABLE: "tracked already with
+/// other values of its `FromEnv` keys"), and the first one keeps counting.
+#[tokio::test]
+async fn a_from_env_key_removed_is_an_edit_and_its_error_names_the_key() {
+    let namespace = orders_namespace();
+    let addr = namespace.start().await;
+    let hoist = Hoist::start().await;
+    let with = queue("orders", &connection(addr), &[]);
+    let first = count(&hoist, &with).await.unwrap();
+    let without = object(
+        &with.name,
+        &[("scaler", "azure-servicebus"), ("queueName", "orders")],
+    );
+    for _ in 0..2 {
+        let status = count(&hoist, &without).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+        assert!(
+            status.message().contains("`connection`")
+                && status.message().contains("connectionFromEnv"),
+            "{}",
+            status.message()
+        );
+    }
+    assert_eq!(count(&hoist, &with).await.unwrap(), first);
 }

@@ -9,7 +9,7 @@ use reqwest_middleware::ClientWithMiddleware;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_retry::policies::ExponentialBackoff;
 
-use crate::scalers::ObserveError;
+use crate::observe_error::ObserveError;
 use crate::secret::Secret;
 
 fn http_client() -> &'static ClientWithMiddleware {

@@ -5,36 +5,41 @@
 //! run nor the ScaledObject's own settings; the HPA computes from both, so
 //! the engine must too.
 
+mod changes;
 mod keda_status;
 mod object;
 mod targets;
 mod token_review;
 mod trigger_auth;
+mod unreconciled_objects;
+mod watched;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
+pub use changes::{Changed, ObjectKey, next_batch};
 pub use keda_status::{Unreconciled, unreconciled};
 pub use object::{ScaleTarget, ScaledObjectView};
 pub use targets::TargetChange;
 pub use token_review::{Review, ReviewError, TokenReviewer};
 pub use trigger_auth::{AuthenticationKind, AuthenticationRef, ResolvedAuth, TriggerAuthError};
+pub use unreconciled_objects::UnreconciledObjects;
 
 use crate::config::{KubernetesAccess, KubernetesSettings};
 use crate::engine::Observed;
+use watched::Watched;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -126,9 +131,7 @@ fn scaled_jobs() -> ApiResource {
 pub struct Cluster {
     client: kube::Client,
     settings: KubernetesSettings,
-    objects: Store<DynamicObject>,
-    /// Why the ScaledObject watch is failing, while it is.
-    watch_error: Arc<Mutex<Option<String>>>,
+    objects: Watched<DynamicObject>,
     reporter: Reporter,
     /// Scale targets' resources by (group/version, kind), found by discovery.
     kinds: Mutex<HashMap<(String, String), ApiResource>>,
@@ -136,12 +139,8 @@ pub struct Cluster {
     /// What the ScaledObject watch applied, for those who follow the
     /// store by its changes instead of reading all of it.
     changes: broadcast::Sender<ObjectChange>,
-    /// Whether the watch's first list has completed.
-    listed: tokio::sync::watch::Sender<bool>,
     /// ScaledJobs, whose triggers call hoist as ScaledObjects' do.
-    jobs: Store<DynamicObject>,
-    jobs_listed: tokio::sync::watch::Sender<bool>,
-    jobs_error: Arc<Mutex<Option<String>>>,
+    jobs: Watched<DynamicObject>,
     /// Scale targets whose desired count may have changed.
     target_changes: broadcast::Sender<TargetChange>,
     /// With `kubernetes.trigger_authentication`: what resolves triggers'
@@ -210,10 +209,6 @@ impl Cluster {
         let server = config.cluster_url.to_string();
         let client =
             kube::Client::try_from(config).map_err(|e| ClusterError::Client(e.to_string()))?;
-        let resource = scaled_objects();
-        let writer = reflector::store::Writer::new(resource.clone());
-        let objects = writer.as_reader();
-        let watch_error = Arc::new(Mutex::new(None));
         let reporter = Reporter {
             controller: "hoist".into(),
             instance: std::env::var("POD_NAME")
@@ -223,72 +218,47 @@ impl Cluster {
         let trigger_auth = settings
             .trigger_authentication
             .then(|| trigger_auth::TriggerAuthStores::start(&client, settings, &cancel));
-        let jobs_writer = reflector::store::Writer::new(scaled_jobs());
-        let jobs = jobs_writer.as_reader();
-        let jobs_error = Arc::new(Mutex::new(None));
+        let changes = broadcast::channel(CHANGE_BACKLOG).0;
+        // ScaledJobs' changes are told as ScaledObjects' are: followers
+        // look the name up in both.
+        let told = |changes: broadcast::Sender<ObjectChange>| {
+            move |event: &watcher::Event<DynamicObject>| {
+                if let Some(change) = ObjectChange::of(event) {
+                    // Nobody following is no error.
+                    let _ = changes.send(change);
+                }
+            }
+        };
+        let jobs = Watched::start(
+            (Api::all_with(client.clone(), &scaled_jobs()), scaled_jobs()),
+            ("scaledjobs.keda.sh", ""),
+            keep_what_is_read,
+            &cancel,
+            told(changes.clone()),
+        );
+        let objects = Watched::start(
+            (
+                Api::all_with(client.clone(), &scaled_objects()),
+                scaled_objects(),
+            ),
+            ("scaledobjects.keda.sh", ""),
+            keep_what_is_read,
+            &cancel,
+            told(changes.clone()),
+        );
         let cluster = Arc::new(Cluster {
             trigger_auth,
             reporter,
             client: client.clone(),
             settings: settings.clone(),
             objects,
-            watch_error: watch_error.clone(),
             kinds: Mutex::new(HashMap::new()),
             server: server.clone(),
-            changes: broadcast::channel(CHANGE_BACKLOG).0,
-            listed: tokio::sync::watch::Sender::new(false),
+            changes,
             jobs,
-            jobs_listed: tokio::sync::watch::Sender::new(false),
-            jobs_error: jobs_error.clone(),
             target_changes: broadcast::channel(CHANGE_BACKLOG).0,
         });
         targets::start(&client, cluster.target_changes.clone(), &cancel);
-        {
-            let (changes, listed) = (cluster.changes.clone(), cluster.jobs_listed.clone());
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &scaled_jobs());
-            let stream = reflector::reflector(
-                jobs_writer,
-                watcher(api, watch_config()).modify(keep_what_is_read),
-            );
-            follow(
-                stream,
-                "scaledjobs.keda.sh",
-                "",
-                jobs_error,
-                cancel.clone(),
-                move |event: &watcher::Event<DynamicObject>| {
-                    if let watcher::Event::InitDone = event {
-                        listed.send_replace(true);
-                    }
-                    if let Some(change) = ObjectChange::of(event) {
-                        let _ = changes.send(change);
-                    }
-                },
-            );
-        }
-        let changes = cluster.changes.clone();
-        let listed = cluster.listed.clone();
-        let api: Api<DynamicObject> = Api::all_with(client, &resource);
-        let stream = reflector::reflector(
-            writer,
-            watcher(api, watch_config()).modify(keep_what_is_read),
-        );
-        follow(
-            stream,
-            "scaledobjects.keda.sh",
-            "",
-            watch_error,
-            cancel,
-            move |event: &watcher::Event<DynamicObject>| {
-                if let watcher::Event::InitDone = event {
-                    listed.send_replace(true);
-                }
-                if let Some(change) = ObjectChange::of(event) {
-                    // Nobody following is no error.
-                    let _ = changes.send(change);
-                }
-            },
-        );
         info!(server = %server, "reading ScaledObjects and replica counts from Kubernetes");
         Ok(Some(cluster))
     }
@@ -315,10 +285,7 @@ impl Cluster {
 
     /// Why ScaledObjects cannot be read, while they cannot.
     pub fn watch_error(&self) -> Option<String> {
-        self.watch_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.objects.error()
     }
 
     /// The ScaledObject as the watch last saw it.
@@ -328,13 +295,13 @@ impl Cluster {
         name: &str,
     ) -> Result<ScaledObjectView, ClusterError> {
         let key = ObjectRef::new_with(name, scaled_objects()).within(namespace);
-        match self.objects.get(&key) {
+        match self.objects.store().get(&key) {
             Some(object) => ScaledObjectView::parse(&object),
             None => match self.watch_error() {
                 Some(error) => Err(ClusterError::NotSynced(error)),
-                None if self.objects.is_empty() && !self.synced() => Err(ClusterError::NotSynced(
-                    "the first list has not finished".into(),
-                )),
+                None if self.objects.store().is_empty() && !self.objects.listed() => Err(
+                    ClusterError::NotSynced("the first list has not finished".into()),
+                ),
                 None => Err(ClusterError::NoScaledObject {
                     namespace: namespace.into(),
                     name: name.into(),
@@ -346,7 +313,7 @@ impl Cluster {
     /// The ScaledObject as the API server sent it, if the watch has it.
     pub fn raw_scaled_object(&self, namespace: &str, name: &str) -> Option<Arc<DynamicObject>> {
         let key = ObjectRef::new_with(name, scaled_objects()).within(namespace);
-        self.objects.get(&key)
+        self.objects.store().get(&key)
     }
 
     /// The ScaledObject, or else the ScaledJob, named so: what owns the
@@ -360,17 +327,15 @@ impl Cluster {
         if let Some(object) = self.raw_scaled_object(namespace, name) {
             return Ok(Some(object));
         }
-        if !*self.jobs_listed.borrow() {
+        if !self.jobs.listed() {
             let reason = self
-                .jobs_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
+                .jobs
+                .error()
                 .unwrap_or_else(|| "the ScaledJob watch has not listed them yet".to_string());
             return Err(reason);
         }
         let key = ObjectRef::new_with(name, scaled_jobs()).within(namespace);
-        Ok(self.jobs.get(&key))
+        Ok(self.jobs.store().get(&key))
     }
 
     /// The ScaledObjects calling the hoist on `grpc_port` that KEDA has not
@@ -378,6 +343,7 @@ impl Cluster {
     pub fn unreconciled(&self, grpc_port: Option<u16>) -> Vec<String> {
         let mut found: Vec<String> = self
             .objects
+            .store()
             .state()
             .iter()
             .filter_map(|object| unreconciled(object, grpc_port))
@@ -389,7 +355,7 @@ impl Cluster {
 
     /// Every ScaledObject the watch has.
     pub fn all_scaled_objects(&self) -> Vec<Arc<DynamicObject>> {
-        self.objects.state()
+        self.objects.store().state()
     }
 
     /// Scale targets (Deployments, StatefulSets) whose spec changed, from
@@ -407,20 +373,12 @@ impl Cluster {
     /// first list has completed (a later watch failure keeps the last
     /// state, as the API server last showed it).
     pub fn has_listed(&self) -> bool {
-        self.synced()
+        self.objects.listed()
     }
 
     /// Waits (at most `kubernetes.timeout`) for the watch's first list.
     pub async fn wait_synced(&self) {
-        // Not the store's own `wait_until_ready`: of several tasks waiting
-        // on it at once, only one was woken.
-        let mut listed = self.listed.subscribe();
-        let _ =
-            tokio::time::timeout(self.settings.timeout, listed.wait_for(|listed| *listed)).await;
-    }
-
-    fn synced(&self) -> bool {
-        *self.listed.borrow()
+        self.objects.wait_listed(self.settings.timeout).await;
     }
 
     /// The target's counts from its `/scale` subresource.
@@ -586,184 +544,9 @@ fn keep_what_is_read(object: &mut DynamicObject) {
     }
 }
 
-/// How long a failing watch waits before it lists again: doubling from
-/// [`FIRST_RETRY`] to [`LAST_RETRY`], and back to the first only once the
-/// API has answered (kube-runtime's own backoff starts over at every
-/// `Init`, which opens each re-list, also one that is about to be refused:
-/// a refused list was retried about once a second for good).
-const FIRST_RETRY: Duration = Duration::from_secs(1);
-const LAST_RETRY: Duration = Duration::from_secs(30);
-
-/// True for the events only an answering API server produces: a listed
-/// object, a completed list, a watch event. `Init` is not one of them.
-fn shows_the_api_answering<K>(event: &watcher::Event<K>) -> bool {
-    !matches!(event, watcher::Event::Init)
-}
-
-/// Drives a reflector's stream until `cancel`, keeping in `error` why the
-/// watch of `resource` fails while it does; `grant` completes the advice
-/// for a 403. One warning when an outage starts and one line when the
-/// watch works again, however long it lasts and however often it is
-/// retried in between.
-fn follow<S, K>(
-    stream: S,
-    resource: &'static str,
-    grant: &'static str,
-    error: Arc<Mutex<Option<String>>>,
-    cancel: CancellationToken,
-    on_event: impl Fn(&watcher::Event<K>) + Send + 'static,
-) where
-    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    K: Send + 'static,
-{
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        let mut retry = FIRST_RETRY;
-        loop {
-            let next = tokio::select! {
-                _ = cancel.cancelled() => return,
-                next = stream.next() => next,
-            };
-            let Some(event) = next else { return };
-            match event {
-                Ok(event) => {
-                    on_event(&event);
-                    if shows_the_api_answering(&event) {
-                        retry = FIRST_RETRY;
-                        let mut error = error.lock().unwrap_or_else(|e| e.into_inner());
-                        if error.take().is_some() {
-                            info!(resource, "watching again");
-                        }
-                    }
-                }
-                Err(failure) => {
-                    let reason = describe_watch_error(resource, grant, &failure);
-                    {
-                        let mut error = error.lock().unwrap_or_else(|e| e.into_inner());
-                        match error.as_deref() {
-                            None => {
-                                warn!(resource, error = %reason, retry_in = ?retry, "cannot watch")
-                            }
-                            Some(before) if before != reason => {
-                                debug!(resource, error = %reason, "still cannot watch")
-                            }
-                            Some(_) => {}
-                        }
-                        *error = Some(reason);
-                    }
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep(retry) => {}
-                    }
-                    retry = (retry * 2).min(LAST_RETRY);
-                }
-            }
-        }
-    });
-}
-
-/// Why the watch of `resource` fails; `grant` completes the advice for a
-/// 403 (which RBAC rule grants it).
-fn describe_watch_error(resource: &str, grant: &str, error: &watcher::Error) -> String {
-    let status = match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status),
-        watcher::Error::WatchError(status) => Some(status),
-        _ => None,
-    };
-    match status {
-        Some(status) if status.code == 403 => format!(
-            "listing {resource} is forbidden (403): grant hoist's ServiceAccount list/watch on {resource}{grant} ({})",
-            status.message
-        ),
-        Some(status) => format!(
-            "listing {resource}: the API server answered {} {}: {}",
-            status.code, status.reason, status.message
-        ),
-        None => format!("listing {resource}: {error}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    type WatchError = Arc<Mutex<Option<String>>>;
-
-    /// `follow` of the ScaledObject watch over `stream`: where it keeps
-    /// the error, and what stops it.
-    fn followed<S>(stream: S) -> (WatchError, CancellationToken)
-    where
-        S: futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>>
-            + Send
-            + 'static,
-    {
-        let error = Arc::new(Mutex::new(None));
-        let cancel = CancellationToken::new();
-        follow(
-            stream,
-            "scaledobjects.keda.sh",
-            "",
-            error.clone(),
-            cancel.clone(),
-            |_| {},
-        );
-        (error, cancel)
-    }
-
-    /// kube-runtime's watcher against an API server that refuses every
-    /// list: `Init` (it opens each re-list), then the refusal, for good.
-    /// hoist took that `Init` for recovery and reset its backoff: a list
-    /// about once a second, and two log lines each time.
-    #[tokio::test(start_paused = true)]
-    async fn a_refused_list_backs_off_and_an_init_is_no_recovery() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let lists = Arc::new(AtomicUsize::new(0));
-        let counted = lists.clone();
-        let refusing = futures::stream::unfold(0u64, move |n| {
-            let counted = counted.clone();
-            async move {
-                let item = if n % 2 == 0 {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    Ok(watcher::Event::<DynamicObject>::Init)
-                } else {
-                    Err(watcher::Error::NoResourceVersion)
-                };
-                Some((item, n + 1))
-            }
-        });
-        let (error, cancel) = followed(refusing);
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        // Lists at 0, 1, 3, 7, 15 and 31 s (waits doubling from 1 s), the
-        // next at 61 s: six in the first minute, where it was sixty.
-        let tried = lists.load(Ordering::SeqCst);
-        assert_eq!(tried, 6, "lists in a minute of refusals");
-        assert!(
-            error.lock().unwrap().is_some(),
-            "the refusal stays reported across the Init of every retry"
-        );
-        cancel.cancel();
-    }
-
-    /// A list that completes is the API answering again: the error clears
-    /// (for `/status`) and the next failure waits the first retry again.
-    #[tokio::test(start_paused = true)]
-    async fn a_completed_list_clears_the_error() {
-        let events = futures::stream::iter(vec![
-            Ok(watcher::Event::<DynamicObject>::Init),
-            Err(watcher::Error::NoResourceVersion),
-            Ok(watcher::Event::Init),
-            Ok(watcher::Event::InitDone),
-        ])
-        .chain(futures::stream::pending());
-        let (error, cancel) = followed(events);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(error.lock().unwrap().is_some(), "refused, then waiting");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(*error.lock().unwrap(), None, "listed again");
-        cancel.cancel();
-    }
 
     #[test]
     fn a_stored_object_keeps_its_spec_and_loses_what_is_never_read() {

@@ -66,10 +66,12 @@ fn watch<K>(
     let stream = watcher::watcher(api, super::watch_config());
     // Generations last seen: only a spec change is news.
     let generations: Mutex<HashMap<(String, String), i64>> = Mutex::new(HashMap::new());
-    super::follow(
+    super::watched::follow(
         stream,
-        resource,
-        " (without it, engines read their count once per interval instead of seeing outside changes at once)",
+        (
+            resource,
+            " (without it, engines read their count once per interval instead of seeing outside changes at once)",
+        ),
         // Nobody reads why: engines fall back to reading once per interval.
         Arc::new(Mutex::new(None)),
         cancel,

@@ -14,17 +14,16 @@
 //! once), never on request, so a caller cannot make hoist hammer the API.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::ObjectRef;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use super::watched::Watched;
 use crate::config::KubernetesSettings;
 use crate::metadata::AuthParams;
 
@@ -183,34 +182,21 @@ fn cluster_trigger_authentications() -> ApiResource {
 /// The 403 advice for these watches.
 const GRANT: &str = " cluster-wide (the chart's kubernetes.triggerAuthentication value grants it)";
 
-/// One resource's watched store, and why its watch fails while it does.
-struct Watched<K: kube::Resource + Clone + 'static>
+/// An error unless `watched` has listed and is not failing.
+fn readable<K: kube::Resource + Clone + 'static>(
+    watched: &Watched<K>,
+    auth: &str,
+) -> Result<(), TriggerAuthError>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    store: Store<K>,
-    error: Arc<Mutex<Option<String>>>,
-    resource: &'static str,
-}
-
-impl<K: kube::Resource + Clone + 'static> Watched<K>
-where
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    /// An error unless the watch has listed and is not failing.
-    fn readable(&self, auth: &str) -> Result<(), TriggerAuthError> {
-        let failing = self.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let listed = futures::FutureExt::now_or_never(self.store.wait_until_ready()).is_some();
-        let reason = match (failing, listed) {
-            (Some(reason), _) => reason,
-            (None, false) => "the first list has not finished".into(),
-            (None, true) => return Ok(()),
-        };
-        Err(TriggerAuthError::NotSynced {
+    match watched.unreadable() {
+        None => Ok(()),
+        Some(reason) => Err(TriggerAuthError::NotSynced {
             auth: auth.to_string(),
-            resource: self.resource,
+            resource: watched.resource(),
             reason,
-        })
+        }),
     }
 }
 
@@ -245,26 +231,16 @@ impl TriggerAuthStores {
         // Every Secret: a TriggerAuthentication may name any. No selector
         // would stay correct (Secrets carry no mark of being read by one).
         // What is kept is trimmed to what resolution reads.
-        let writer = reflector::store::Writer::<Secret>::default();
-        let secrets = Watched {
-            store: writer.as_reader(),
-            error: Arc::new(Mutex::new(None)),
-            resource: "secrets",
-        };
-        let stream = watcher(Api::<Secret>::all(client.clone()), super::watch_config())
-            .modify(|secret: &mut Secret| {
+        let secrets = Watched::start(
+            (Api::<Secret>::all(client.clone()), ()),
+            ("secrets", GRANT),
+            |secret: &mut Secret| {
                 secret.managed_fields_mut().clear();
                 // kubectl apply keeps the whole Secret, data and all, here.
                 secret.annotations_mut().clear();
                 secret.string_data = None;
-            })
-            .reflect(writer);
-        super::follow(
-            stream,
-            secrets.resource,
-            GRANT,
-            secrets.error.clone(),
-            cancel.clone(),
+            },
+            cancel,
             |_| {},
         );
         info!(
@@ -297,8 +273,8 @@ impl TriggerAuthStores {
                 self.cluster_object_namespace.as_str(),
             ),
         };
-        watched.readable(&auth)?;
-        let Some(object) = watched.store.get(&key) else {
+        readable(watched, &auth)?;
+        let Some(object) = watched.store().get(&key) else {
             return Err(TriggerAuthError::NotFound { auth });
         };
         let spec = object.data.get("spec").cloned().unwrap_or(Value::Null);
@@ -311,20 +287,18 @@ impl TriggerAuthStores {
         ));
         let mut params = AuthParams::new();
         if !targets.is_empty() {
-            self.secrets.readable(&auth)?;
+            readable(&self.secrets, &auth)?;
         }
         for target in targets {
             let secret_ref = ObjectRef::<Secret>::new(&target.name).within(secrets_namespace);
-            let secret =
-                self.secrets
-                    .store
-                    .get(&secret_ref)
-                    .ok_or_else(|| TriggerAuthError::NoSecret {
-                        auth: auth.clone(),
-                        parameter: target.parameter.clone(),
-                        namespace: secrets_namespace.to_string(),
-                        secret: target.name.clone(),
-                    })?;
+            let secret = self.secrets.store().get(&secret_ref).ok_or_else(|| {
+                TriggerAuthError::NoSecret {
+                    auth: auth.clone(),
+                    parameter: target.parameter.clone(),
+                    namespace: secrets_namespace.to_string(),
+                    secret: target.name.clone(),
+                }
+            })?;
             version.insert(format!(
                 "Secret {}@{}",
                 target.name,
@@ -431,25 +405,13 @@ fn watch_dynamic(
     name: &'static str,
     cancel: &CancellationToken,
 ) -> Watched<DynamicObject> {
-    let writer = reflector::store::Writer::new(resource.clone());
-    let watched = Watched {
-        store: writer.as_reader(),
-        error: Arc::new(Mutex::new(None)),
-        resource: name,
-    };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let stream = watcher(api, super::watch_config())
-        .modify(super::keep_what_is_read)
-        .reflect(writer);
-    super::follow(
-        stream,
-        name,
-        GRANT,
-        watched.error.clone(),
-        cancel.clone(),
+    Watched::start(
+        (Api::all_with(client.clone(), &resource), resource),
+        (name, GRANT),
+        super::keep_what_is_read,
+        cancel,
         |_| {},
-    );
-    watched
+    )
 }
 
 #[cfg(test)]

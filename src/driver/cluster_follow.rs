@@ -2,46 +2,35 @@
 //! the watch's changes (work per batch of changes, none on a timer):
 //!
 //! - declared routes are what the ScaledObjects declare, oldest first (see
-//!   [`Registry::set_declared`]), whoever calls;
+//!   [`DeclaredRoutes`]), whoever calls;
+//! - ScaledObjects KEDA has not set up are announced (see
+//!   [`UnreconciledObjects`]);
 //! - a tracked trigger whose ScaledObject is gone, or no longer has its
 //!   metadata, stops (a replayed call cannot keep it alive), and the
 //!   others that take their ScaledObject's `pollingInterval` follow its
 //!   edits (one walk over the tracked triggers per batch of changes).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::DynamicObject;
 use serde_json::Value;
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::broadcast::error::RecvError;
 use tracing::{info, warn};
 
 use super::Driver;
-use super::unreconciled::UnreconciledObjects;
 use crate::callers::{matching_trigger, triggers_of};
-use crate::cluster::{Cluster, ObjectChange};
+use crate::cluster::{Changed, Cluster, UnreconciledObjects, next_batch};
 use crate::metadata::{AuthParams, Params};
-use crate::routing::{Owner, RouteSpec};
-
-/// A ScaledObject by (namespace, name).
-pub(super) type ObjectKey = (String, String);
-
-/// Which ScaledObjects changed in one batch of watch events.
-pub(super) enum Changed {
-    Some(BTreeSet<ObjectKey>),
-    /// The watch listed everything anew (or this follower fell behind).
-    All,
-}
+use crate::routing::{DeclaredRoutes, Owner, RouteSpec};
 
 /// Follows the watch until `driver` stops.
 pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
     // Subscribed before the first read: no change falls between the two.
     let mut changes = cluster.changes();
-    let cancel = driver.inner.cancel.clone();
     while !cluster.has_listed() {
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = driver.shutting_down() => return,
             _ = cluster.wait_synced() => {}
         }
     }
@@ -54,50 +43,37 @@ pub(super) async fn follow(driver: Driver, cluster: Arc<Cluster>) {
     // make each of them cost every ScaledObject.
     let mut decided: Option<Vec<RouteSpec>> = None;
     loop {
-        if let Some(registry) = driver.routes()
-            && routes.update(&cluster, &changed, &driver)
-        {
-            let candidates = routes.candidates();
-            if decided.as_ref() != Some(&candidates) {
-                registry.set_declared(candidates.clone());
-                decided = Some(candidates);
+        if let Some(registry) = driver.routes() {
+            let context = driver.trigger_context();
+            let routes_of =
+                |object: &DynamicObject, owner| routes_declared_by(object, owner, &context);
+            if routes.update(&cluster, &changed, routes_of) {
+                let candidates = routes.candidates();
+                if decided.as_ref() != Some(&candidates) {
+                    registry.set_declared(candidates.clone());
+                    decided = Some(candidates);
+                }
             }
         }
         driver.follow_objects(&cluster, &changed);
-        unreconciled.update(&driver, &cluster, &changed);
-        let first = tokio::select! {
-            _ = cancel.cancelled() => return,
-            change = changes.recv() => change,
+        let pending = unreconciled.update(&cluster, &changed, driver.grpc_port());
+        driver.set_unreconciled(pending);
+        changed = tokio::select! {
+            _ = driver.shutting_down() => return,
+            batch = next_batch(&mut changes) => match batch {
+                Some(batch) => batch,
+                None => return,
+            },
         };
-        changed = Changed::Some(BTreeSet::new());
-        let mut next = Some(first);
-        while let Some(change) = next.take() {
-            match change {
-                Ok(ObjectChange::Object { namespace, name }) => {
-                    if let Changed::Some(keys) = &mut changed {
-                        keys.insert((namespace, name));
-                    }
-                }
-                Ok(ObjectChange::Relisted) | Err(RecvError::Lagged(_)) => changed = Changed::All,
-                Err(RecvError::Closed) => return,
-            }
-            next = match changes.try_recv() {
-                Ok(change) => Some(Ok(change)),
-                Err(TryRecvError::Lagged(n)) => Some(Err(RecvError::Lagged(n))),
-                Err(TryRecvError::Empty) => None,
-                Err(TryRecvError::Closed) => Some(Err(RecvError::Closed)),
-            };
-        }
     }
 }
 
 /// Re-evaluates an engine at once when its scale target changes outside.
 pub(super) async fn follow_targets(driver: Driver, cluster: Arc<Cluster>) {
     let mut changes = cluster.target_changes();
-    let cancel = driver.inner.cancel.clone();
     loop {
         let change = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = driver.shutting_down() => return,
             change = changes.recv() => change,
         };
         match change {
@@ -117,84 +93,6 @@ pub(super) async fn follow_targets(driver: Driver, cluster: Arc<Cluster>) {
             Err(RecvError::Closed) => return,
         }
     }
-}
-
-/// The routes each ScaledObject declares, and its age.
-#[derive(Default)]
-struct DeclaredRoutes {
-    by_object: BTreeMap<ObjectKey, ObjectRoutes>,
-}
-
-#[derive(PartialEq)]
-struct ObjectRoutes {
-    created: Option<Time>,
-    routes: Vec<RouteSpec>,
-}
-
-impl DeclaredRoutes {
-    /// Takes in the changed objects' routes; returns whether any differ.
-    fn update(&mut self, cluster: &Cluster, changed: &Changed, driver: &Driver) -> bool {
-        let context = driver.inner.settings.load().context.clone();
-        match changed {
-            Changed::All => {
-                self.by_object.clear();
-                for object in cluster.all_scaled_objects() {
-                    if let Some((key, routes)) = declared(&object, &context) {
-                        self.by_object.insert(key, routes);
-                    }
-                }
-                true
-            }
-            Changed::Some(keys) => {
-                let mut differ = false;
-                for (namespace, name) in keys {
-                    let key = (namespace.clone(), name.clone());
-                    let now = cluster
-                        .raw_scaled_object(namespace, name)
-                        .and_then(|object| declared(&object, &context))
-                        .map(|(_, routes)| routes);
-                    let before = match now {
-                        Some(routes) => self.by_object.insert(key.clone(), routes),
-                        None => self.by_object.remove(&key),
-                    };
-                    differ |= before.as_ref() != self.by_object.get(&key);
-                }
-                differ
-            }
-        }
-    }
-
-    /// Every declared route, oldest ScaledObject first; ties (and objects
-    /// without a creation time, last) by namespace and name.
-    fn candidates(&self) -> Vec<RouteSpec> {
-        let mut objects: Vec<(&ObjectKey, &ObjectRoutes)> = self.by_object.iter().collect();
-        objects.sort_by(|(a_key, a), (b_key, b)| {
-            (a.created.is_none(), &a.created, a_key).cmp(&(b.created.is_none(), &b.created, b_key))
-        });
-        objects
-            .into_iter()
-            .flat_map(|(_, object)| object.routes.iter().cloned())
-            .collect()
-    }
-}
-
-/// The object's key and routes, when it declares any.
-fn declared(
-    object: &DynamicObject,
-    context: &crate::scalers::Context,
-) -> Option<(ObjectKey, ObjectRoutes)> {
-    let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let name = object.metadata.name.clone().unwrap_or_default();
-    let owner = Owner {
-        namespace: namespace.clone(),
-        name: name.clone(),
-    };
-    let routes = routes_declared_by(object, owner, context);
-    if routes.is_empty() {
-        return None;
-    }
-    let created = object.metadata.creation_timestamp.clone();
-    Some(((namespace, name), ObjectRoutes { created, routes }))
 }
 
 /// The routes an object's `http`/`tcp` external triggers declare, parsed
@@ -226,7 +124,7 @@ fn routes_declared_by(
         let Some(metadata) = trigger.get("metadata").and_then(Value::as_object) else {
             continue;
         };
-        let metadata: std::collections::HashMap<String, String> = metadata
+        let metadata: HashMap<String, String> = metadata
             .iter()
             .filter_map(|(key, value)| Some((key.clone(), value.as_str()?.to_string())))
             .collect();
@@ -246,6 +144,19 @@ fn routes_declared_by(
 }
 
 impl Driver {
+    /// What triggers are parsed with (hoist's own parts they may read).
+    fn trigger_context(&self) -> crate::scalers::Context {
+        self.inner.settings.load().context.clone()
+    }
+
+    /// `hoist_keda_unreconciled_scaledobjects`.
+    fn set_unreconciled(&self, count: usize) {
+        self.inner
+            .metrics
+            .keda_unreconciled
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
     /// One walk over the triggers of changed ScaledObjects: a trigger the
     /// cluster no longer backs (its ScaledObject gone, or none of its
     /// triggers carrying the tracked metadata) stops, and KEDA's next call
@@ -255,9 +166,9 @@ impl Driver {
         let engines: Vec<Arc<super::Scaling>> = match changed {
             Changed::All => self.scalings(),
             Changed::Some(keys) => {
-                let scalings = self.lock_scalings();
+                let state = self.read_state();
                 keys.iter()
-                    .filter_map(|key| scalings.get(key).cloned())
+                    .filter_map(|key| state.engines.get(key).cloned())
                     .collect()
             }
         };
@@ -265,7 +176,8 @@ impl Driver {
             engine.object_changed();
         }
         let affected: Vec<Arc<super::Tracked>> = {
-            let triggers = self.read_triggers();
+            let state = self.read_state();
+            let triggers = &state.triggers;
             match changed {
                 Changed::All => triggers.values().cloned().collect(),
                 Changed::Some(keys) => keys

@@ -348,6 +348,38 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
+/// The wake-ups of a new poller's source, not yet listened to.
+pub struct Wakeups {
+    receiver: watch::Receiver<u64>,
+    stop: CancellationToken,
+    shared: Arc<Shared>,
+}
+
+impl Wakeups {
+    /// Wakes the poller on each of its source's wake-ups until it stops
+    /// (at once, if it stopped meanwhile).
+    pub fn listen(self) {
+        let Self {
+            mut receiver,
+            stop,
+            shared,
+        } = self;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    changed = receiver.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        shared.wake();
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// The registry's view of a running poller.
 pub struct Poller {
     pub readings: watch::Receiver<Reading>,
@@ -357,13 +389,15 @@ pub struct Poller {
 }
 
 impl Poller {
-    /// Starts polling `query` at once.
+    /// Starts polling `query` at once. A source with wake-ups (hoist's own
+    /// traffic) also needs a listener task: [`Wakeups::listen`], called
+    /// outside the driver's lock.
     pub fn spawn(
         scaler: &'static str,
         query: &Query,
         first: Schedule,
         scheduler: &Scheduler,
-    ) -> Self {
+    ) -> (Self, Option<Wakeups>) {
         let (readings_tx, readings) = watch::channel(Reading::Pending);
         let wakeups = query.source.wakeups();
         let shared = Arc::new(Shared {
@@ -375,30 +409,22 @@ impl Poller {
             scheduler: scheduler.clone(),
             wakeups: wakeups.as_ref().map(|_| scheduler.0.cancel.child_token()),
         });
-        if let (Some(mut receiver), Some(stop)) = (wakeups, shared.wakeups.clone()) {
-            // Only sources with wake-ups (hoist's own traffic) have a task.
-            let listener = shared.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        changed = receiver.changed() => {
-                            if changed.is_err() {
-                                return;
-                            }
-                            listener.wake();
-                        }
-                    }
-                }
-            });
-        }
+        let listener = match (wakeups, shared.wakeups.clone()) {
+            (Some(receiver), Some(stop)) => Some(Wakeups {
+                receiver,
+                stop,
+                shared: shared.clone(),
+            }),
+            _ => None,
+        };
         debug!(source = %query.description, "poller started");
         scheduler.send(Command::At(shared.clone(), Instant::now()));
-        Self {
+        let poller = Self {
             readings,
             shared,
             subscribers: Vec::new(),
-        }
+        };
+        (poller, listener)
     }
 
     /// The question it asks, which its subscribers share.
@@ -570,7 +596,10 @@ mod tests {
             interval: Duration::from_secs(3600),
             timeout: Duration::from_secs(3600),
         };
-        let mut poller = Poller::spawn("test", &query, hour, &scheduler);
+        let (mut poller, wakeups) = Poller::spawn("test", &query, hour, &scheduler);
+        if let Some(wakeups) = wakeups {
+            wakeups.listen();
+        }
         poller.subscribe(1, hour);
         let polls = || source.polls.load(Ordering::SeqCst);
         let settle = || tokio::time::sleep(Duration::from_millis(10));

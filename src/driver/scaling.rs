@@ -135,7 +135,9 @@ struct Member {
     /// when the ScaledObject's `pollingInterval` changes.
     interval: Arc<AtomicU64>,
     readings: watch::Receiver<Reading>,
-    forwarder: tokio::task::AbortHandle,
+    /// The task waking the engine on its readings; started by
+    /// [`Scaling::forward`], outside the driver's lock.
+    forwarder: Option<tokio::task::AbortHandle>,
 }
 
 /// Reads of the target's count.
@@ -189,6 +191,7 @@ pub struct Scaling {
     metrics: Arc<crate::metrics::Metrics>,
     wake: Arc<Notify>,
     cancel: CancellationToken,
+    clock: Clock,
 }
 
 /// Everything an engine starts with.
@@ -207,8 +210,10 @@ pub struct Start {
 }
 
 impl Scaling {
-    pub fn start(start: Start) -> Arc<Self> {
-        let scaling = Arc::new(Self {
+    /// The engine, not running yet: [`Scaling::run_in_background`] starts
+    /// it (outside the driver's lock).
+    pub fn new(start: Start) -> Arc<Self> {
+        Arc::new(Self {
             namespace: start.namespace,
             name: start.name,
             rules: Mutex::new(start.rules),
@@ -229,9 +234,14 @@ impl Scaling {
             metrics: start.metrics,
             wake: Arc::new(Notify::new()),
             cancel: start.cancel,
-        });
-        tokio::spawn(scaling.clone().run(start.clock));
-        scaling
+            clock: start.clock,
+        })
+    }
+
+    /// Starts deciding; it ends when the engine is stopped (at once, if it
+    /// was stopped meanwhile).
+    pub fn run_in_background(self: &Arc<Self>) {
+        tokio::spawn(self.clone().run(self.clock));
     }
 
     /// The rules the triggers' metadata wrote (before the ScaledObject's).
@@ -250,6 +260,8 @@ impl Scaling {
         lock(&self.members).iter().any(|m| m.trigger == metric)
     }
 
+    /// Adds a trigger; its readings wake the engine once
+    /// [`Scaling::forward`] has started their forwarder.
     pub fn join(
         &self,
         id: u64,
@@ -258,14 +270,6 @@ impl Scaling {
         interval: Arc<AtomicU64>,
         readings: watch::Receiver<Reading>,
     ) {
-        let wake = self.wake.clone();
-        let mut changes = readings.clone();
-        let forwarder = tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                wake.notify_one();
-            }
-        })
-        .abort_handle();
         lock(&self.members).push(Member {
             id,
             trigger: trigger.to_string(),
@@ -273,8 +277,31 @@ impl Scaling {
             activation_target,
             interval,
             readings,
-            forwarder,
+            forwarder: None,
         });
+        self.wake.notify_one();
+    }
+
+    /// Starts waking the engine on trigger `id`'s readings (unless it
+    /// left meanwhile).
+    pub fn forward(&self, id: u64) {
+        let mut members = lock(&self.members);
+        let Some(member) = members.iter_mut().find(|member| member.id == id) else {
+            return;
+        };
+        if member.forwarder.is_some() {
+            return;
+        }
+        let wake = self.wake.clone();
+        let mut changes = member.readings.clone();
+        member.forwarder = Some(
+            tokio::spawn(async move {
+                while changes.changed().await.is_ok() {
+                    wake.notify_one();
+                }
+            })
+            .abort_handle(),
+        );
         self.wake.notify_one();
     }
 
@@ -282,8 +309,10 @@ impl Scaling {
     pub fn leave(&self, id: u64) -> bool {
         let mut members = lock(&self.members);
         members.retain(|member| {
-            if member.id == id {
-                member.forwarder.abort();
+            if member.id == id
+                && let Some(forwarder) = &member.forwarder
+            {
+                forwarder.abort();
             }
             member.id != id
         });
@@ -293,7 +322,9 @@ impl Scaling {
     pub fn stop(&self) {
         self.cancel.cancel();
         for member in lock(&self.members).iter() {
-            member.forwarder.abort();
+            if let Some(forwarder) = &member.forwarder {
+                forwarder.abort();
+            }
         }
         if let Some(object) = lock(&self.last_object).as_ref() {
             let target = &object.target;

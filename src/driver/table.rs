@@ -49,19 +49,15 @@ impl Triggers {
         self.by_identity.values()
     }
 
-    /// The tracked trigger that is `key`'s trigger with other `FromEnv`
-    /// values (or with such a key left out, as KEDA does when the
-    /// variable is unset), if any.
+    /// The tracked trigger that is `key`'s trigger with other values of
+    /// its `FromEnv` keys, if any. A key without such keys has no other
+    /// values: its slot is its identity.
     pub(super) fn holder_of_slot(&self, key: &super::TriggerKey) -> Option<&Arc<Tracked>> {
-        let slot = key.slot();
-        let slot_bytes = slot.as_deref().unwrap_or(key.identity());
-        let holder = match self.slots.get(slot_bytes) {
-            Some(identity) => self.by_identity.get(identity),
-            // The slot's trigger sent no `FromEnv` key: its identity.
-            None if slot.is_some() => self.by_identity.get(slot_bytes),
-            None => None,
-        };
-        holder.filter(|tracked| tracked.key.identity() != key.identity())
+        let slot = key.slot()?;
+        self.slots
+            .get(&slot[..])
+            .and_then(|identity| self.by_identity.get(identity))
+            .filter(|tracked| tracked.key.identity() != key.identity())
     }
 
     pub(super) fn insert(&mut self, identity: Arc<[u8]>, tracked: Arc<Tracked>) {

@@ -167,7 +167,8 @@ async fn a_scaled_objects_triggers_are_found_without_its_neighbours() {
     }
     let found = |namespace: &str, name: &str| {
         let mut lists: Vec<String> = driver
-            .read_triggers()
+            .read_state()
+            .triggers
             .of_object(namespace, name)
             .iter()
             .map(|tracked| {
@@ -710,8 +711,16 @@ async fn a_trigger_is_tracked_once_whatever_its_from_env_values() {
         assert!(matches!(error, TrackError::TriggerHeld { .. }), "{error}");
         assert!(error.to_string().contains("default/app"), "{error}");
     }
-    let without = driver.track_parsed(from_env_key("app", None), config(&source, "unset", 30));
-    assert!(matches!(without, Err(TrackError::TriggerHeld { .. })));
+    assert_eq!((driver.tracked().len(), driver.poller_count()), (1, 1));
+    // The key left out is an edit of the trigger, not a value of it: a
+    // trigger of its own (with a cluster, stopped unless its ScaledObject
+    // has it), never refused as the real one's.
+    let without = from_env_key("app", None);
+    driver
+        .track_parsed(without.clone(), config(&source, "unset", 30))
+        .unwrap();
+    assert_eq!((driver.tracked().len(), driver.poller_count()), (2, 2));
+    driver.revoke(&[without], "test");
     assert_eq!((driver.tracked().len(), driver.poller_count()), (1, 1));
     // KEDA keeps asking the real value: it keeps its place.
     for _ in 0..4 {
@@ -826,4 +835,304 @@ async fn a_forged_from_env_value_never_moves_an_engines_inputs() {
         4,
         "still the real queue"
     );
+}
+
+/// A runtime whose tasks run beside the threads racing through
+/// [`Driver::track`] (a sync call that starts tasks).
+fn threaded_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// No limits: each test sets the one it puts at its edge.
+fn unlimited() -> DriverSettings {
+    DriverSettings::unlimited(
+        Defaults {
+            polling_interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(3),
+        },
+        Duration::from_secs(3600),
+    )
+}
+
+/// A caller proven by the cluster or mTLS (without a cluster here).
+fn trusted_caller() -> Caller {
+    Caller {
+        proven: true,
+        checked_in_cluster: false,
+        authentication: None,
+    }
+}
+
+/// Which cap a run of [`racing_tracks`] puts at its edge.
+#[derive(Clone, Copy, Debug)]
+enum Cap {
+    Triggers,
+    PerNamespace,
+    MetadataBytes,
+}
+
+/// A Redis trigger in engine mode, all of one size: 4 namespaces × 5
+/// ScaledObjects × 2 lists, each list asked with two values of
+/// `listLength` (an edit: the same metric, so one replaces the other).
+/// Its source is a closed loopback port: what is tested is the driver's
+/// bookkeeping, not a reading.
+fn racing_key(namespace: usize, object: usize, list: usize, variant: usize) -> TriggerKey {
+    let metadata = [
+        ("scaler", "redis".to_string()),
+        ("address", "127.0.0.1:1".to_string()),
+        ("listName", format!("l{namespace}{object}{list}")),
+        ("listLength", format!("{}", 5 + variant)),
+        ("scalingMode", "engine".to_string()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value))
+    .collect();
+    TriggerKey::new(format!("ns{namespace}"), format!("app{object}"), metadata)
+}
+
+/// Eight threads track the same 80 triggers at once, each in its own
+/// order, through the whole of [`Driver::track`]; returns the driver, its
+/// metrics and every refusal.
+fn racing_tracks(
+    cap: Cap,
+) -> (
+    tokio::runtime::Runtime,
+    Driver,
+    Arc<Metrics>,
+    Vec<TrackError>,
+) {
+    const THREADS: usize = 8;
+    let runtime = threaded_runtime();
+    let candidates: Vec<TriggerKey> = (0..4)
+        .flat_map(|n| {
+            (0..5).flat_map(move |o| (0..2).flat_map(move |l| (0..2).map(move |v| (n, o, l, v))))
+        })
+        .map(|(n, o, l, v)| racing_key(n, o, l, v))
+        .collect();
+    let size = candidates[0].size();
+    assert!(candidates.iter().all(|key| key.size() == size));
+    let mut settings = unlimited();
+    match cap {
+        Cap::Triggers => settings.max_tracked_triggers = 7,
+        Cap::PerNamespace => settings.max_tracked_triggers_per_namespace = 3,
+        Cap::MetadataBytes => settings.max_tracked_metadata_bytes = 9 * size + size / 2,
+    }
+    let metrics = Arc::new(Metrics::new());
+    let driver = {
+        let _runtime = runtime.enter();
+        Driver::new(
+            settings,
+            AuthProfiles::default(),
+            metrics.clone(),
+            CancellationToken::new(),
+        )
+    };
+    let caller = trusted_caller();
+    let start = std::sync::Barrier::new(THREADS);
+    let refusals = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let (driver, caller, start, candidates) = (&driver, &caller, &start, &candidates);
+                let handle = runtime.handle().clone();
+                scope.spawn(move || {
+                    let _runtime = handle.enter();
+                    start.wait();
+                    let mut refusals = Vec::new();
+                    for step in 0..candidates.len() {
+                        // Each thread its own order: thread t walks the
+                        // list from t·11 on, every third key.
+                        let at = (thread * 11 + step * 3) % candidates.len();
+                        if let Err(error) = driver.track(candidates[at].clone(), caller) {
+                            refusals.push(error);
+                        }
+                    }
+                    refusals
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|thread| thread.join().unwrap())
+            .collect()
+    });
+    (runtime, driver, metrics, refusals)
+}
+
+/// Calls racing each other at the edge of `limits.max_tracked_triggers`,
+/// `limits.max_tracked_triggers_per_namespace` and
+/// `limits.max_tracked_metadata_bytes` never end above them (they are
+/// counted where the insert happens), and no refusal leaves anything
+/// behind: every trigger is tracked with its poller and its engine, or
+/// none of them exists.
+#[test]
+fn racing_tracks_never_end_above_a_cap_nor_half_done() {
+    for cap in [Cap::Triggers, Cap::PerNamespace, Cap::MetadataBytes] {
+        let (runtime, driver, metrics, refusals) = racing_tracks(cap);
+        let tracked = driver.tracked();
+        let size = racing_key(0, 0, 0, 0).size();
+        let mut per_namespace: HashMap<&str, usize> = HashMap::new();
+        for trigger in &tracked {
+            *per_namespace.entry(&trigger.key.namespace).or_default() += 1;
+        }
+        match cap {
+            Cap::Triggers => assert_eq!(tracked.len(), 7, "{cap:?}"),
+            Cap::PerNamespace => {
+                assert_eq!(per_namespace.len(), 4, "{cap:?}");
+                assert!(per_namespace.values().all(|&n| n == 3), "{per_namespace:?}");
+            }
+            Cap::MetadataBytes => assert_eq!(tracked.len(), 9, "{cap:?}"),
+        }
+        assert!(!refusals.is_empty(), "{cap:?}: no call was refused");
+        for refusal in &refusals {
+            let expected = match cap {
+                Cap::Triggers => matches!(refusal, TrackError::TooManyTriggers { .. }),
+                Cap::PerNamespace => matches!(refusal, TrackError::TooManyInNamespace { .. }),
+                Cap::MetadataBytes => matches!(refusal, TrackError::MetadataBudget { .. }),
+            };
+            assert!(expected, "{cap:?}: {refusal}");
+        }
+        // The counts kept beside the table agree with it.
+        let state = driver.read_state();
+        assert_eq!(state.tracked_metadata, tracked.len() * size, "{cap:?}");
+        assert_eq!(metrics.tracked_triggers.get(), tracked.len() as i64);
+        // One edit of a list at most: the other replaced it.
+        let lists: std::collections::BTreeSet<&str> = tracked
+            .iter()
+            .map(|trigger| &*trigger.config.trigger.query.key)
+            .collect();
+        assert_eq!(
+            lists.len(),
+            tracked.len(),
+            "{cap:?}: an edit and its original both tracked"
+        );
+        // Every tracked trigger has its poller, and no other poller runs.
+        assert_eq!(state.pollers.len(), tracked.len(), "{cap:?}");
+        assert_eq!(metrics.pollers.get(), tracked.len() as i64, "{cap:?}");
+        // Every tracked trigger feeds its ScaledObject's engine, and no
+        // engine runs for a ScaledObject with none.
+        let objects: std::collections::BTreeSet<(String, String)> = tracked
+            .iter()
+            .map(|trigger| (trigger.key.namespace.clone(), trigger.key.name.clone()))
+            .collect();
+        assert_eq!(state.engines.values().count(), objects.len(), "{cap:?}");
+        for trigger in &tracked {
+            let engine = state
+                .engines
+                .get(&(trigger.key.namespace.clone(), trigger.key.name.clone()))
+                .expect("its engine");
+            assert!(Arc::ptr_eq(engine, trigger.scaling.as_ref().unwrap()));
+            assert!(engine.has_trigger(&trigger.config.trigger.metric_name));
+        }
+        drop(state);
+        drop(driver);
+        runtime.shutdown_background();
+    }
+}
+
+/// A trigger refused at a cap after its route was claimed (calls racing
+/// past the first look at the cap, refused under the lock) leaves no claim
+/// behind: the routes declared are those of the tracked triggers, and a
+/// place given back lets another's route in.
+#[test]
+fn triggers_refused_at_a_cap_leave_no_route_claimed() {
+    const THREADS: usize = 8;
+    let runtime = threaded_runtime();
+    let mut interceptor = crate::config::InterceptorSettings {
+        enabled: true,
+        http_listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
+    interceptor
+        .allowed_hosts
+        .insert("*".into(), vec!["*.example".into()]);
+    let bound = runtime
+        .block_on(crate::interceptor::Interceptor::bind(
+            &interceptor,
+            Duration::from_secs(1),
+        ))
+        .unwrap();
+    let traffic = crate::interceptor::traffic::Traffic::Local(bound.control().routes());
+    let mut settings = unlimited();
+    settings.max_tracked_triggers = 3;
+    settings.routes = Some(crate::routing::RouteRules {
+        interceptor,
+        config_routes: Vec::new(),
+    });
+    settings.context.traffic = Some(traffic);
+    let driver = {
+        let _runtime = runtime.enter();
+        Driver::new(
+            settings,
+            AuthProfiles::default(),
+            Arc::new(Metrics::new()),
+            CancellationToken::new(),
+        )
+    };
+    let caller = trusted_caller();
+    let web = |index: usize| {
+        let name = format!("web{index}");
+        let metadata = [
+            ("scaler", "http".to_string()),
+            ("host", format!("{name}.example")),
+            ("upstream", format!("{name}:80")),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .collect();
+        TriggerKey::new("default".into(), name, metadata)
+    };
+    let declared = |driver: &Driver| -> std::collections::BTreeSet<String> {
+        let (routes, _) = driver.routes().unwrap().snapshot();
+        routes.into_iter().map(|route| route.name).collect()
+    };
+    let start = std::sync::Barrier::new(THREADS);
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let (driver, caller, start, web) = (&driver, &caller, &start, &web);
+            let handle = runtime.handle().clone();
+            scope.spawn(move || {
+                let _runtime = handle.enter();
+                start.wait();
+                for step in 0..24 {
+                    let _ = driver.track(web((thread * 5 + step) % 24), caller);
+                }
+            });
+        }
+    });
+    let tracked: std::collections::BTreeSet<String> = driver
+        .tracked()
+        .iter()
+        .map(|trigger| trigger.config.trigger.route.as_ref().unwrap().name.clone())
+        .collect();
+    assert_eq!(tracked.len(), 3);
+    assert_eq!(
+        declared(&driver),
+        tracked,
+        "a refused trigger's claim was left"
+    );
+    let gone = driver.tracked()[0].key.clone();
+    driver.revoke(&[gone], "test");
+    let newcomer = (0..24)
+        .map(web)
+        .find(|key| driver.lookup(key).unwrap().is_none())
+        .unwrap();
+    let route = {
+        let _runtime = runtime.enter();
+        driver
+            .track(newcomer, &caller)
+            .unwrap()
+            .config
+            .trigger
+            .route
+            .clone()
+            .unwrap()
+    };
+    assert!(declared(&driver).contains(&route.name));
+    assert_eq!(declared(&driver).len(), 3);
+    drop(driver);
+    runtime.shutdown_background();
 }

@@ -18,7 +18,7 @@ use super::Protocol;
 use super::counters::Load;
 use super::report::{HoldsReport, MAX_WAIT, RoutesReport};
 use super::selector::RouteSelector;
-use crate::scalers::ObserveError;
+use crate::observe_error::ObserveError;
 use crate::tls::{self, ClientTls};
 use crate::token_file::TokenFile;
 

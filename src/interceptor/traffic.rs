@@ -10,7 +10,7 @@ use super::counters::Load;
 use super::fleet::Fleet;
 pub use super::selector::RouteSelector;
 use super::{Protocol, RouteSet, Routes};
-use crate::scalers::ObserveError;
+use crate::observe_error::ObserveError;
 
 #[derive(Clone)]
 pub enum Traffic {

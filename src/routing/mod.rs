@@ -3,8 +3,10 @@
 //! (`policy`).
 
 pub mod api;
+pub mod declared;
 pub mod registry;
 pub mod spec;
 
+pub use declared::DeclaredRoutes;
 pub use registry::{DeclaredReport, Registry, RegistryReport, RouteError, RouteRules, RouteTable};
 pub use spec::{Claim, Listen, Owner, Protocol, RouteSpec, normalized_prefix};

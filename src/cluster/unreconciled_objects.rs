@@ -1,5 +1,5 @@
 //! Says so when KEDA has not set up a ScaledObject that calls hoist
-//! (kedacore/keda#5787; see [`crate::cluster::unreconciled`]): one warning
+//! (kedacore/keda#5787; see [`super::keda_status`]): one warning
 //! and one Event per ScaledObject each time it enters that state, and the
 //! gauge `hoist_keda_unreconciled_scaledobjects` while it is in it.
 //!
@@ -15,20 +15,25 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use super::Driver;
-use super::cluster_follow::{Changed, ObjectKey};
-use crate::cluster::{Cluster, ObjectEvent, Unreconciled, unreconciled};
+use super::changes::{Changed, ObjectKey};
+use super::{Cluster, ObjectEvent, Unreconciled, unreconciled};
 
 /// The ScaledObjects in that state now.
 #[derive(Default)]
-pub(super) struct UnreconciledObjects {
+pub struct UnreconciledObjects {
     by_object: BTreeMap<ObjectKey, Unreconciled>,
 }
 
 impl UnreconciledObjects {
-    /// Takes in the changed objects, announces those that entered the
-    /// state, and sets the gauge.
-    pub(super) fn update(&mut self, driver: &Driver, cluster: &Arc<Cluster>, changed: &Changed) {
+    /// Takes in the changed objects of the ScaledObjects calling the
+    /// hoist on `grpc_port`, announces those that entered the state, and
+    /// returns how many are in it (the gauge's value).
+    pub fn update(
+        &mut self,
+        cluster: &Arc<Cluster>,
+        changed: &Changed,
+        grpc_port: Option<u16>,
+    ) -> usize {
         let mut now = match changed {
             Changed::All => BTreeMap::new(),
             Changed::Some(keys) => {
@@ -44,9 +49,8 @@ impl UnreconciledObjects {
                 .filter_map(|(namespace, name)| cluster.raw_scaled_object(namespace, name))
                 .collect(),
         };
-        let port = driver.grpc_port();
         for object in objects {
-            if let Some(found) = unreconciled(&object, port) {
+            if let Some(found) = unreconciled(&object, grpc_port) {
                 now.insert((found.namespace.clone(), found.name.clone()), found);
             }
         }
@@ -61,12 +65,8 @@ impl UnreconciledObjects {
                 info!(%namespace, scaled_object = %name, "KEDA has set up the ScaledObject it had not");
             }
         }
-        driver
-            .inner
-            .metrics
-            .keda_unreconciled
-            .set(i64::try_from(now.len()).unwrap_or(i64::MAX));
         self.by_object = now;
+        self.by_object.len()
     }
 }
 
