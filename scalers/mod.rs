@@ -53,6 +53,9 @@ pub struct Context {
     /// cluster by the caller; the trigger uses them as it would an auth
     /// profile's. `None`: the trigger has none, or it was not looked up.
     pub authentication: Option<crate::metadata::AuthParams>,
+    /// The Kafka clients triggers share (one per cluster, credentials and
+    /// group); clones share the pool.
+    pub kafka: kafka::ClientPool,
 }
 
 impl Default for Context {
@@ -62,6 +65,7 @@ impl Default for Context {
             owner: None,
             cluster_domain: "cluster.local".to_string(),
             authentication: None,
+            kafka: Default::default(),
         }
     }
 }
@@ -100,7 +104,7 @@ pub struct Query {
 
 /// TLS to a source, as KEDA's scalers take it: on or off, whether to skip
 /// verification, and PEM material (from the auth profile).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct SourceTls {
     pub enabled: bool,
     pub unsafe_ssl: bool,

@@ -59,7 +59,8 @@ build() {
   say "fetching the broker's jars (tools/kafka/pom.xml) into $LIB"
   rm -rf "$LIB"
   mkdir -p "$LIB"
-  mvn -q -B -Dstyle.color=never -f "$ROOT/tools/kafka/pom.xml" package -Dkafka.lib="$LIB" >&2
+  mvn -q -B -f "$ROOT/tools/kafka/pom.xml" package -Dkafka.lib="$LIB" >"$ROOT/target/kafka/maven.log" 2>&1 ||
+    { tail -30 "$ROOT/target/kafka/maven.log" >&2; fail "Maven failed (target/kafka/maven.log)"; }
   ls "$LIB"/kafka_2.13-*.jar >/dev/null 2>&1 || fail "Maven copied no kafka_2.13 jar into $LIB"
   stamp_of >"$stamp"
 }

@@ -100,6 +100,7 @@ impl DriverSettings {
                 owner: None,
                 cluster_domain: settings.interceptor.cluster_domain.clone(),
                 authentication: None,
+                kafka: Default::default(),
             },
             assume_applied: settings.engine.assume_applied,
         }
@@ -843,6 +844,10 @@ impl Driver {
         profiles: AuthProfiles,
         first: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
+        // The Kafka clients outlive a reload: triggers parsed after it
+        // share the clients of those parsed before.
+        let mut settings = settings;
+        settings.context.kafka = self.inner.settings.load().context.kafka.clone();
         match (&self.inner.routes, &settings.routes) {
             (Some(routes), Some(rules)) => routes.reconfigure(rules.clone(), first)?,
             _ => first()?,
