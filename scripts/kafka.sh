@@ -35,6 +35,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
+source scripts/services.sh
 LIB="$ROOT/target/kafka/lib"
 DIR="${KAFKA_DIR:-$ROOT/target/kafka/run}"
 USER_NAME="hoist"
@@ -216,10 +217,7 @@ EOF
     sleep 0.2
   done
   if [ -n "${KAFKA_PARENT:-}" ]; then
-    # Stops the broker when the process that asked for it ends, however it
-    # ends (a test binary has no teardown of its own).
-    setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; KAFKA_DIR="$2" "$3" down' \
-      watcher "$KAFKA_PARENT" "$DIR" "$ROOT/scripts/kafka.sh" >/dev/null 2>&1 </dev/null &
+    watch_parent "$KAFKA_PARENT" "$ROOT/scripts/kafka.sh" KAFKA_DIR "$DIR"
   fi
   say "up in $((SECONDS - started)) s: logs in $DIR/logs; stop with scripts/kafka.sh down"
   echo "127.0.0.1:$plain"
@@ -229,14 +227,7 @@ EOF
 # (a clean shutdown takes 2-3 s).
 down() {
   [ -f "$DIR/pid" ] || return 0
-  local pid
-  pid="$(cat "$DIR/pid")"
-  kill -TERM -- "-$pid" 2>/dev/null || true
-  for _ in $(seq 150); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -KILL -- "-$pid" 2>/dev/null || true
+  stop_group "$(cat "$DIR/pid")" 15
   rm -f "$DIR/pid"
 }
 

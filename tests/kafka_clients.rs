@@ -43,13 +43,23 @@ fn connections_to(address: &str) -> usize {
         .count()
 }
 
-fn rss_kib() -> u64 {
+/// A field of /proc/self/status (`VmRSS` in kB, `Threads`).
+fn status(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .unwrap()
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
         .unwrap()
+}
+
+/// CPU time this process has used (user + system), in clock ticks.
+fn cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime: fields 14 and 15 of stat, 12 and 13 after the name.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 /// One trigger of `group` with `lagThreshold` `threshold`: a question of
@@ -102,7 +112,7 @@ async fn a_thousand_triggers_on_a_hundred_groups_hold_a_hundred_clients() {
         broker.commit(&format!("group-{group}"), "shared", &[(0, 5)]);
     }
     let context = Context::default();
-    let rss_before = rss_kib();
+    let (rss_before, threads_before) = (status("VmRSS"), status("Threads"));
     let started = Instant::now();
     let mut triggers = first_polls(&context, &broker.plaintext, 0..100).await;
     let first_hundred = started.elapsed();
@@ -123,11 +133,18 @@ async fn a_thousand_triggers_on_a_hundred_groups_hold_a_hundred_clients() {
     }
     let thousand_polls = started_again.elapsed();
     assert_eq!(connections_to(&broker.plaintext), after_thousand);
+    // At rest: the clients held, no poll running (a measurement for
+    // docs/BENCHMARKS.md, not a pass/fail limit).
+    let ticks = cpu_ticks();
+    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+    let rest_ticks = cpu_ticks() - ticks;
     eprintln!(
         "1,000 triggers on 100 groups: {} clients, {after_thousand} connections, \
-         RSS +{} MiB; the first 100 polls {:.1} s (clients made), 1,000 polls {:.1} s",
+         RSS +{} MiB, threads +{}; the first 100 polls {:.1} s (clients made), \
+         1,000 polls {:.1} s; at rest {rest_ticks} ticks of CPU in 10 s",
         context.kafka.live(),
-        (rss_kib().saturating_sub(rss_before)) / 1024,
+        status("VmRSS").saturating_sub(rss_before) / 1024,
+        status("Threads").saturating_sub(threads_before),
         first_hundred.as_secs_f64(),
         thousand_polls.as_secs_f64(),
     );
