@@ -74,7 +74,7 @@ impl Broker {
             started.elapsed().as_secs_f64(),
             ports["PLAINTEXT"]
         );
-        Self {
+        let broker = Self {
             plaintext: ports["PLAINTEXT"].clone(),
             sasl: ports["SASL"].clone(),
             tls: ports["TLS"].clone(),
@@ -82,7 +82,26 @@ impl Broker {
             user: ports["USER"].clone(),
             password: ports["PASSWORD"].clone(),
             dir,
+        };
+        broker.warm_up();
+        broker
+    }
+
+    /// The first commit creates the group coordinator's topic
+    /// (`__consumer_offsets`); until its partitions are loaded, OffsetFetch
+    /// answers NOT_COORDINATOR. One commit here, so tests start after that.
+    fn warm_up(&self) {
+        let admin = self.admin();
+        let topic = [NewTopic::new("warm-up", 1, TopicReplication::Fixed(1))];
+        let options = AdminOptions::new();
+        // librdkafka's own thread completes the future: no runtime needed
+        // (and this may run inside a test's).
+        let created = futures::executor::block_on(admin.create_topics(&topic, &options));
+        for result in created.expect("CreateTopics answered") {
+            result.unwrap_or_else(|(name, e)| panic!("creating {name}: {e}"));
         }
+        self.wait_for_partitions("warm-up", 1);
+        self.commit("warm-up", "warm-up", &[(0, 0)]);
     }
 
     /// PEM files the script made: `ca.crt`, `client.crt`, `client.key`.
