@@ -6,7 +6,7 @@
 //! leader broker, on a client kept for the (cluster, group) pair.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -86,14 +86,26 @@ pub enum OffsetResetPolicy {
     Earliest,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A SASL user and password (PLAIN, SCRAM; OAUTHBEARER's client ID and
+/// secret). `Debug` masks the password.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Credentials {
+    pub username: String,
+    pub password: Secret,
+}
+
+/// How hoist authenticates to the brokers; each mechanism carries what it
+/// needs and nothing else.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Sasl {
     None,
-    Plaintext,
-    ScramSha256,
-    ScramSha512,
-    /// OAuth bearer tokens from an OIDC token endpoint (client credentials).
+    Plaintext(Credentials),
+    ScramSha256(Credentials),
+    ScramSha512(Credentials),
+    /// OAuth bearer tokens from an OIDC token endpoint (client credentials:
+    /// the username and password are the client ID and secret).
     OAuthBearer {
+        client: Credentials,
         token_endpoint: String,
         scopes: Vec<String>,
         extensions: BTreeMap<String, String>,
@@ -101,11 +113,14 @@ pub enum Sasl {
     /// AWS MSK IAM: OAUTHBEARER tokens hoist signs (see `msk_iam`).
     AwsMskIam { region: String, credentials: AwsAuth },
     /// Kerberos through librdkafka's Cyrus SASL: a ticket from `kinit`
-    /// with the keytab or the password, using `kerberosConfig`.
+    /// with the keytab or the password (exactly one is set), using
+    /// `kerberosConfig`.
     Gssapi {
+        username: String,
+        password: Secret,
+        keytab: Secret,
         realm: String,
         service_name: String,
-        keytab: Secret,
         kerberos_config: String,
         disable_fast: bool,
     },
@@ -114,7 +129,7 @@ pub enum Sasl {
 /// Where AWS MSK IAM credentials come from, as KEDA's
 /// `GetAwsAuthorization` (kedacore/keda pkg/scalers/aws/aws_common.go)
 /// reads them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum AwsAuth {
     /// An access key from the auth profile or the trigger's env.
     Static(AwsCredentials),
@@ -147,8 +162,6 @@ pub struct KafkaConfig {
     pub version: Option<String>,
     pub tls: SourceTls,
     pub sasl: Sasl,
-    pub username: String,
-    pub password: Secret,
 }
 
 use Absent::{Described, Value};
@@ -232,123 +245,8 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
         parse_kafka_version(version).map_err(|reason| MetadataError::invalid("version", reason))?;
     }
 
-    // TLS.
-    let enable_tls = enumeration(params, "tls", &[Metadata, Auth], &["enable", "disable"])? == Some("enable");
-    let unsafe_ssl = flag("unsafeSsl", false)?;
-    let auth = |name: &str| params.string(&[name], &[Auth]).unwrap_or_default();
-    let tls = SourceTls::from_auth(params, enable_tls, unsafe_ssl);
-    if enable_tls {
-        if !tls.cert.is_empty() && tls.key.is_empty() {
-            return Err(MetadataError::missing("key", "key must be provided with cert"));
-        }
-        if !tls.key.is_empty() && tls.cert.is_empty() {
-            return Err(MetadataError::missing("cert", "cert must be provided with key"));
-        }
-    }
-
-    // SASL. Credentials come from the auth profile, or, as a hoist
-    // extension, from metadata values KEDA resolved (`passwordFromEnv`).
-    let username = params.string(&["username"], &[Auth, Env]).unwrap_or_default();
-    let password = Secret::new(params.string(&["password"], &[Auth, Env]).unwrap_or_default());
-    let sasl_name = enumeration(
-        params,
-        "sasl",
-        &[Metadata, Auth],
-        &["none", "plaintext", "scram_sha256", "scram_sha512", "oauthbearer", "gssapi"],
-    )?;
-    let need_credentials = || -> Result<(), MetadataError> {
-        if username.is_empty() {
-            return Err(MetadataError::missing("username", "no username given"));
-        }
-        if password.is_empty() {
-            return Err(MetadataError::missing("password", "no password given"));
-        }
-        Ok(())
-    };
-    let sasl = match sasl_name {
-        None | Some("none") => Sasl::None,
-        Some("plaintext") => {
-            need_credentials()?;
-            Sasl::Plaintext
-        }
-        Some("scram_sha256") => {
-            need_credentials()?;
-            Sasl::ScramSha256
-        }
-        Some("scram_sha512") => {
-            need_credentials()?;
-            Sasl::ScramSha512
-        }
-        Some("oauthbearer") => {
-            match enumeration(params, "saslTokenProvider", &[Metadata, Auth], &["bearer", "aws_msk_iam"])? {
-                Some("aws_msk_iam") => {
-                    if !enable_tls {
-                        return Err(MetadataError::invalid("tls", "TLS is required for AWS MSK authentication"));
-                    }
-                    let region = params
-                        .required(&["awsRegion"], &[Metadata], "no awsRegion given")?
-                        .value
-                        .to_string();
-                    Sasl::AwsMskIam {
-                        region,
-                        credentials: aws_auth(params)?,
-                    }
-                }
-                _ => {
-                    need_credentials()?;
-                    let token_endpoint = params
-                        .required(&["oauthTokenEndpointUri"], &[Auth], "no oauth token endpoint uri given")?
-                        .value
-                        .to_string();
-                    let scopes = auth("scopes").split(',').map(str::to_string).collect();
-                    let mut extensions = BTreeMap::new();
-                    let raw = auth("oauthExtensions");
-                    if !raw.is_empty() {
-                        for extension in raw.split(',') {
-                            let Some((key, value)) = extension.split_once('=').filter(|(_, v)| !v.contains('=')) else {
-                                return Err(MetadataError::invalid(
-                                    "oauthExtensions",
-                                    "each extension must be key=value",
-                                ));
-                            };
-                            extensions.insert(key.to_string(), value.to_string());
-                        }
-                    }
-                    Sasl::OAuthBearer {
-                        token_endpoint,
-                        scopes,
-                        extensions,
-                    }
-                }
-            }
-        }
-        Some(_) => {
-            // gssapi (KEDA's `parseGSSAPIParams`)
-            if username.is_empty() {
-                return Err(MetadataError::missing("username", "no username given"));
-            }
-            let keytab = auth("keytab");
-            if password.is_empty() == keytab.is_empty() {
-                return Err(MetadataError::invalid(
-                    "keytab",
-                    "exactly one of `password` or `keytab` must be given for GSSAPI",
-                ));
-            }
-            let realm = params.required(&["realm"], &[Auth], "no realm given")?.value.to_string();
-            let kerberos_config = params
-                .required(&["kerberosConfig"], &[Auth], "no Kerberos configuration (kerberosConfig) given")?
-                .value
-                .to_string();
-            let disable_fast = params.boolean(&["kerberosDisableFAST"], &[Auth], false)?;
-            Sasl::Gssapi {
-                realm,
-                service_name: auth("kerberosServiceName"),
-                keytab: Secret::new(keytab),
-                kerberos_config,
-                disable_fast,
-            }
-        }
-    };
+    let tls = parse_tls(params)?;
+    let sasl = Sasl::parse(params, tls.enabled)?;
 
     Ok(KafkaConfig {
         bootstrap_servers,
@@ -367,9 +265,141 @@ pub fn parse_config(params: &Params) -> Result<KafkaConfig, MetadataError> {
         version,
         tls,
         sasl,
-        username,
-        password,
     })
+}
+
+/// `tls: enable` and its material from the auth profile (KEDA's `parseTLS`).
+fn parse_tls(params: &Params) -> Result<SourceTls, MetadataError> {
+    let enabled = enumeration(params, "tls", &[Metadata, Auth], &["enable", "disable"])? == Some("enable");
+    let unsafe_ssl = params.boolean(&["unsafeSsl"], &[Metadata], false)?;
+    let tls = SourceTls::from_auth(params, enabled, unsafe_ssl);
+    if enabled {
+        if !tls.cert.is_empty() && tls.key.is_empty() {
+            return Err(MetadataError::missing("key", "key must be provided with cert"));
+        }
+        if !tls.key.is_empty() && tls.cert.is_empty() {
+            return Err(MetadataError::missing("cert", "cert must be provided with key"));
+        }
+    }
+    Ok(tls)
+}
+
+impl Sasl {
+    /// KEDA's `parseSASL` (with `parseOAuthParams` and `parseGSSAPIParams`).
+    /// Credentials come from the auth profile, or, as a hoist extension,
+    /// from metadata values KEDA resolved (`passwordFromEnv`).
+    pub fn parse(params: &Params, tls_enabled: bool) -> Result<Self, MetadataError> {
+        let name = enumeration(
+            params,
+            "sasl",
+            &[Metadata, Auth],
+            &["none", "plaintext", "scram_sha256", "scram_sha512", "oauthbearer", "gssapi"],
+        )?;
+        Ok(match name {
+            None | Some("none") => Sasl::None,
+            Some("plaintext") => Sasl::Plaintext(Credentials::parse(params)?),
+            Some("scram_sha256") => Sasl::ScramSha256(Credentials::parse(params)?),
+            Some("scram_sha512") => Sasl::ScramSha512(Credentials::parse(params)?),
+            Some("oauthbearer") => Self::parse_oauthbearer(params, tls_enabled)?,
+            Some(_) => Self::parse_gssapi(params)?,
+        })
+    }
+
+    fn parse_oauthbearer(params: &Params, tls_enabled: bool) -> Result<Self, MetadataError> {
+        if enumeration(params, "saslTokenProvider", &[Metadata, Auth], &["bearer", "aws_msk_iam"])? == Some("aws_msk_iam") {
+            if !tls_enabled {
+                return Err(MetadataError::invalid("tls", "TLS is required for AWS MSK authentication"));
+            }
+            let region = params.required(&["awsRegion"], &[Metadata], "no awsRegion given")?.value.to_string();
+            return Ok(Sasl::AwsMskIam {
+                region,
+                credentials: aws_auth(params)?,
+            });
+        }
+        let client = Credentials::parse(params)?;
+        let token_endpoint = params
+            .required(&["oauthTokenEndpointUri"], &[Auth], "no oauth token endpoint uri given")?
+            .value
+            .to_string();
+        let auth = |name: &str| params.string(&[name], &[Auth]).unwrap_or_default();
+        let scopes = auth("scopes").split(',').map(str::to_string).collect();
+        let mut extensions = BTreeMap::new();
+        let raw = auth("oauthExtensions");
+        if !raw.is_empty() {
+            for extension in raw.split(',') {
+                let Some((key, value)) = extension.split_once('=').filter(|(_, v)| !v.contains('=')) else {
+                    return Err(MetadataError::invalid("oauthExtensions", "each extension must be key=value"));
+                };
+                extensions.insert(key.to_string(), value.to_string());
+            }
+        }
+        Ok(Sasl::OAuthBearer {
+            client,
+            token_endpoint,
+            scopes,
+            extensions,
+        })
+    }
+
+    /// KEDA's `parseGSSAPIParams`.
+    fn parse_gssapi(params: &Params) -> Result<Self, MetadataError> {
+        let username = params.string(&["username"], &[Auth, Env]).unwrap_or_default();
+        if username.is_empty() {
+            return Err(MetadataError::missing("username", "no username given"));
+        }
+        let password = Secret::new(params.string(&["password"], &[Auth, Env]).unwrap_or_default());
+        let keytab = Secret::new(params.string(&["keytab"], &[Auth]).unwrap_or_default());
+        if password.is_empty() == keytab.is_empty() {
+            return Err(MetadataError::invalid(
+                "keytab",
+                "exactly one of `password` or `keytab` must be given for GSSAPI",
+            ));
+        }
+        let realm = params.required(&["realm"], &[Auth], "no realm given")?.value.to_string();
+        let kerberos_config = params
+            .required(&["kerberosConfig"], &[Auth], "no Kerberos configuration (kerberosConfig) given")?
+            .value
+            .to_string();
+        Ok(Sasl::Gssapi {
+            username,
+            password,
+            keytab,
+            realm,
+            service_name: params.string(&["kerberosServiceName"], &[Auth]).unwrap_or_default(),
+            kerberos_config,
+            disable_fast: params.boolean(&["kerberosDisableFAST"], &[Auth], false)?,
+        })
+    }
+
+    /// librdkafka's `sasl.mechanism`.
+    fn mechanism(&self) -> Option<&'static str> {
+        match self {
+            Sasl::None => None,
+            Sasl::Plaintext(_) => Some("PLAIN"),
+            Sasl::ScramSha256(_) => Some("SCRAM-SHA-256"),
+            Sasl::ScramSha512(_) => Some("SCRAM-SHA-512"),
+            Sasl::OAuthBearer { .. } | Sasl::AwsMskIam { .. } => Some("OAUTHBEARER"),
+            Sasl::Gssapi { .. } => Some("GSSAPI"),
+        }
+    }
+}
+
+impl Credentials {
+    /// `username` and `password`, both required.
+    fn parse(params: &Params) -> Result<Self, MetadataError> {
+        let username = params.string(&["username"], &[Auth, Env]).unwrap_or_default();
+        if username.is_empty() {
+            return Err(MetadataError::missing("username", "no username given"));
+        }
+        let password = params.string(&["password"], &[Auth, Env]).unwrap_or_default();
+        if password.is_empty() {
+            return Err(MetadataError::missing("password", "no password given"));
+        }
+        Ok(Self {
+            username,
+            password: Secret::new(password),
+        })
+    }
 }
 
 /// KEDA's `GetAwsAuthorization` for `aws_msk_iam`, key by key.
@@ -462,7 +492,7 @@ fn parse_kafka_version(text: &str) -> Result<(), String> {
 fn parse(
     scaler: &'static str,
     params: &Params,
-    _context: &super::Context,
+    context: &super::Context,
 ) -> Result<Trigger, MetadataError> {
     let config = parse_config(params)?;
     refuse_unsupported(&config, &Environment::current())?;
@@ -482,7 +512,7 @@ fn parse(
             key: query_key(&config).into(),
             description: describe(&config).into(),
             endpoints: config.bootstrap_servers.clone(),
-            source: Arc::new(KafkaSource::new(config)),
+            source: Arc::new(KafkaSource::new(config, context.kafka.clone())),
         },
         route: None,
     })
@@ -500,8 +530,65 @@ fn refuse_unsupported(config: &KafkaConfig, environment: &Environment) -> Result
     Ok(())
 }
 
-/// Committed or latest offsets: topic → partition → offset.
+/// Committed offsets: topic → partition → offset.
 pub type Offsets = HashMap<String, HashMap<i32, i64>>;
+
+/// Where each partition's log ends (and, where asked, starts): topic →
+/// partition → ends.
+pub type Ends = HashMap<String, HashMap<i32, PartitionEnds>>;
+
+/// A partition's high watermark, and its log start offset when it was
+/// asked for (`offsetResetPolicy: earliest` for a partition the group never
+/// committed; KEDA's `partitionOffsets`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionEnds {
+    pub latest: i64,
+    pub earliest: Option<i64>,
+}
+
+impl PartitionEnds {
+    pub fn latest(latest: i64) -> Self {
+        Self { latest, earliest: None }
+    }
+}
+
+/// The committed offsets each partition had at the previous poll, for
+/// `excludePersistentLag`.
+pub type PreviousOffsets = HashMap<(String, i32), i64>;
+
+/// A lag as KEDA's scaler returns it: the value reported for scaling, and
+/// the lag counting persistent lag, which decides activity. They differ
+/// only with `excludePersistentLag`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lag {
+    pub value: i64,
+    pub with_persistent: i64,
+}
+
+impl Lag {
+    fn both(lag: i64) -> Self {
+        Self {
+            value: lag,
+            with_persistent: lag,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Lag {
+    fn add_assign(&mut self, other: Self) {
+        self.value += other.value;
+        self.with_persistent += other.with_persistent;
+    }
+}
+
+impl From<Lag> for Measurement {
+    fn from(lag: Lag) -> Self {
+        Measurement {
+            value: lag.value as f64,
+            activity: lag.with_persistent as f64,
+        }
+    }
+}
 
 /// No committed offset (Kafka's `-1`).
 pub const INVALID_OFFSET: i64 = -1;
@@ -513,86 +600,88 @@ pub fn active_partitions(c: &KafkaConfig, ids: impl IntoIterator<Item = i32>) ->
         .collect()
 }
 
-/// KEDA's `getLagForPartition`: (lag, lag counting persistent lag).
-/// `previous` remembers committed offsets between polls for
-/// `excludePersistentLag`: a partition whose committed offset did not move
-/// since the last poll counts as 0 lag (but still as activity).
+/// KEDA 2.21's `getLagForPartition`, and one difference: with
+/// `excludePersistentLag`, a partition that had no committed offset at
+/// the previous poll either is persistent lag too (KEDA never excludes it:
+/// kedacore/keda#5274, #5906). `previous` remembers committed offsets
+/// between polls: a partition whose committed offset did not move since
+/// the last poll counts as 0 lag (but still as activity).
 pub fn lag_for_partition(
     c: &KafkaConfig,
     topic: &str,
     partition: i32,
     consumer_offset: i64,
-    latest: &Offsets,
-    previous: &mut HashMap<(String, i32), i64>,
-) -> (i64, i64) {
-    if consumer_offset == INVALID_OFFSET {
-        if c.offset_reset_policy == OffsetResetPolicy::Latest {
-            let lag = if c.scale_to_zero_on_invalid_offset { 0 } else { 1 };
-            return (lag, lag);
+    ends: &Ends,
+    previous: &mut PreviousOffsets,
+) -> Lag {
+    let ends = ends.get(topic).and_then(|partitions| partitions.get(&partition));
+    let lag = if consumer_offset == INVALID_OFFSET {
+        match (c.offset_reset_policy, c.scale_to_zero_on_invalid_offset, ends) {
+            (_, true, _) => return Lag::default(),
+            // KEDA keeps one consumer for a partition nobody committed to.
+            (OffsetResetPolicy::Latest, false, _) => 1,
+            (OffsetResetPolicy::Earliest, false, None) => return Lag::default(),
+            // What a consumer starting from the log start can fetch, not
+            // what retention deleted (kedacore/keda#7936); retention can
+            // move the start past the end sampled before it.
+            (OffsetResetPolicy::Earliest, false, Some(ends)) => match ends.earliest {
+                Some(earliest) => (ends.latest - earliest).max(0),
+                None => ends.latest,
+            },
         }
-        if c.scale_to_zero_on_invalid_offset {
-            return (0, 0);
-        }
-    }
-    let Some(&latest_offset) = latest.get(topic).and_then(|partitions| partitions.get(&partition)) else {
-        return (0, 0);
+    } else {
+        let Some(ends) = ends else {
+            return Lag::default();
+        };
+        ends.latest - consumer_offset
     };
-    if consumer_offset == INVALID_OFFSET {
-        // earliest: everything in the partition is lag.
-        return (latest_offset, latest_offset);
-    }
-    let lag = latest_offset - consumer_offset;
     if c.exclude_persistent_lag {
         let key = (topic.to_string(), partition);
         if previous.get(&key) == Some(&consumer_offset) {
-            return (0, lag);
+            return Lag {
+                value: 0,
+                with_persistent: lag,
+            };
         }
         previous.insert(key, consumer_offset);
     }
-    (lag, lag)
+    Lag::both(lag)
 }
 
-/// KEDA's `getTotalLag` after the offsets are in: (reported lag, lag
-/// counting persistent lag for activation).
-pub fn total_lag(
-    c: &KafkaConfig,
-    committed: &Offsets,
-    latest: &Offsets,
-    previous: &mut HashMap<(String, i32), i64>,
-) -> (i64, i64) {
-    let (mut total, mut with_persistent) = (0_i64, 0_i64);
+/// KEDA's `getTotalLag` after the offsets are in.
+pub fn total_lag(c: &KafkaConfig, committed: &Offsets, ends: &Ends, previous: &mut PreviousOffsets) -> Lag {
+    let mut total = Lag::default();
     let (mut partitions, mut partitions_with_lag) = (0_i64, 0_i64);
-    for (topic, offsets) in latest {
+    for (topic, offsets) in ends {
         for &partition in offsets.keys() {
             let consumer_offset = committed
                 .get(topic)
                 .and_then(|p| p.get(&partition))
                 .copied()
                 .unwrap_or(INVALID_OFFSET);
-            let (lag, lag_with_persistent) = lag_for_partition(c, topic, partition, consumer_offset, latest, previous);
-            total += lag;
-            with_persistent += lag_with_persistent;
-            if lag > 0 {
+            let lag = lag_for_partition(c, topic, partition, consumer_offset, ends, previous);
+            if lag.value > 0 {
                 partitions_with_lag += 1;
             }
+            total += lag;
         }
         partitions += offsets.len() as i64;
     }
     if !c.allow_idle_consumers || c.limit_to_partitions_with_lag || c.ensure_even_distribution_of_partitions {
         let mut upper_bound = partitions;
         if c.ensure_even_distribution_of_partitions {
-            total = next_factor(total, partitions, c.lag_threshold) * c.lag_threshold;
+            total.value = next_factor(total.value, partitions, c.lag_threshold) * c.lag_threshold;
         }
         if c.limit_to_partitions_with_lag {
             upper_bound = partitions_with_lag;
         }
         // KEDA compares with integer division: a lag just above the cap
         // (by less than one threshold) is left as it is.
-        if total / c.lag_threshold > upper_bound {
-            total = upper_bound * c.lag_threshold;
+        if total.value / c.lag_threshold > upper_bound {
+            total.value = upper_bound * c.lag_threshold;
         }
     }
-    (total, with_persistent)
+    total
 }
 
 /// The smallest factor of the partition count whose consumers can take
@@ -618,43 +707,101 @@ fn factors(n: i64) -> Vec<i64> {
     found
 }
 
-/// The connection part of the identity: which cluster, as whom.
-fn cluster_key(c: &KafkaConfig) -> String {
-    format!(
-        "{}|tls={}/{}|ca={}|cert={}|sasl={:?}|user={}|secrets={:x}",
-        c.bootstrap_servers.join(","),
-        c.tls.enabled,
-        c.tls.unsafe_ssl,
-        c.tls.ca,
-        c.tls.cert,
-        c.sasl,
-        c.username,
-        fingerprint(&secrets(c)),
-    )
+/// What tells two clients apart: the cluster, how hoist connects and
+/// authenticates, and the group (librdkafka fetches committed offsets for
+/// its own `group.id`). Holds secrets: it is a map key, never printed.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ClientKey {
+    bootstrap_servers: Vec<String>,
+    tls: SourceTls,
+    sasl: Sasl,
+    consumer_group: String,
 }
 
-/// Every secret that tells two connections apart.
-fn secrets(c: &KafkaConfig) -> Vec<&Secret> {
-    let mut secrets = vec![&c.password, &c.tls.key, &c.tls.key_password];
-    match &c.sasl {
-        Sasl::AwsMskIam {
-            credentials: AwsAuth::Static(credentials),
-            ..
-        } => {
-            secrets.push(&credentials.secret_access_key);
-            secrets.extend(&credentials.session_token);
+impl ClientKey {
+    pub fn of(c: &KafkaConfig) -> Self {
+        Self {
+            bootstrap_servers: c.bootstrap_servers.clone(),
+            tls: c.tls.clone(),
+            sasl: c.sasl.clone(),
+            consumer_group: c.consumer_group.clone(),
         }
-        Sasl::Gssapi { keytab, .. } => secrets.push(keytab),
-        _ => {}
     }
-    secrets
+
+    /// The key in words for the query key: secrets only as a fingerprint
+    /// (`Secret`'s `Debug` masks them in `sasl`).
+    fn identity(&self) -> String {
+        format!(
+            "{}|tls={}/{}|ca={}|cert={}|sasl={:?}|secrets={:x}|group={}",
+            self.bootstrap_servers.join(","),
+            self.tls.enabled,
+            self.tls.unsafe_ssl,
+            self.tls.ca,
+            self.tls.cert,
+            self.sasl,
+            fingerprint(&self.secrets()),
+            self.consumer_group,
+        )
+    }
+
+    /// Every secret that tells two connections apart.
+    fn secrets(&self) -> Vec<&Secret> {
+        let mut secrets = vec![&self.tls.key, &self.tls.key_password];
+        match &self.sasl {
+            Sasl::None => {}
+            Sasl::Plaintext(credentials) | Sasl::ScramSha256(credentials) | Sasl::ScramSha512(credentials) => {
+                secrets.push(&credentials.password)
+            }
+            Sasl::OAuthBearer { client, .. } => secrets.push(&client.password),
+            Sasl::AwsMskIam { credentials, .. } => {
+                if let AwsAuth::Static(credentials) = credentials {
+                    secrets.push(&credentials.secret_access_key);
+                    secrets.extend(&credentials.session_token);
+                }
+            }
+            Sasl::Gssapi { password, keytab, .. } => secrets.extend([password, keytab]),
+        }
+        secrets
+    }
+}
+
+/// The Kafka clients of one hoist, shared by every trigger with the same
+/// `ClientKey`: 1,000 triggers of 100 groups on one cluster hold 100
+/// clients. Handed to triggers in `scalers::Context`; a client lives as
+/// long as a trigger holds it.
+#[derive(Clone, Default)]
+pub struct ClientPool(Arc<Mutex<HashMap<ClientKey, Weak<Client>>>>);
+
+impl ClientPool {
+    fn client(&self, c: &KafkaConfig) -> Result<Arc<Client>, ObserveError> {
+        let key = ClientKey::of(c);
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        pool.retain(|_, client| client.strong_count() > 0);
+        if let Some(client) = pool.get(&key).and_then(Weak::upgrade) {
+            return Ok(client);
+        }
+        let client = Arc::new(create_client(c)?);
+        pool.insert(key, Arc::downgrade(&client));
+        Ok(client)
+    }
+
+    /// Clients some trigger still holds.
+    pub fn live(&self) -> usize {
+        let pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        pool.values().filter(|client| client.strong_count() > 0).count()
+    }
+}
+
+impl std::fmt::Debug for ClientPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientPool").field("live", &self.live()).finish()
+    }
 }
 
 fn query_key(c: &KafkaConfig) -> String {
     format!(
-        "kafka|{}|group={}|topic={}|partitions={:?}|threshold={}|reset={:?}|idle={}|persistent={}|zero={}|withlag={}|even={}",
-        cluster_key(c),
-        c.consumer_group,
+        "kafka|{}|topic={}|partitions={:?}|threshold={}|reset={:?}|idle={}|persistent={}|zero={}|withlag={}|even={}",
+        ClientKey::of(c).identity(),
         c.topic,
         c.partition_limitation,
         c.lag_threshold,
@@ -775,21 +922,6 @@ impl ConsumerContext for KafkaContext {}
 
 type Client = BaseConsumer<KafkaContext>;
 
-/// Clients shared by every source on the same cluster, credentials and
-/// group: librdkafka fetches committed offsets for its own `group.id`.
-fn pooled_client(c: &KafkaConfig) -> Result<Arc<Client>, ObserveError> {
-    static POOL: OnceLock<Mutex<HashMap<String, Weak<Client>>>> = OnceLock::new();
-    let key = format!("{}|group={}", cluster_key(c), c.consumer_group);
-    let mut pool = POOL.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    pool.retain(|_, client| client.strong_count() > 0);
-    if let Some(client) = pool.get(&key).and_then(Weak::upgrade) {
-        return Ok(client);
-    }
-    let client = Arc::new(create_client(c)?);
-    pool.insert(key, Arc::downgrade(&client));
-    Ok(client)
-}
-
 fn create_client(c: &KafkaConfig) -> Result<Client, ObserveError> {
     client_config(c)?
         .create_with_context(KafkaContext::new(c))
@@ -823,14 +955,7 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
         .set("socket.timeout.ms", "10000")
         .set("reconnect.backoff.max.ms", "5000")
         .set("log_level", "3");
-    let mechanism = match &c.sasl {
-        Sasl::None => None,
-        Sasl::Plaintext => Some("PLAIN"),
-        Sasl::ScramSha256 => Some("SCRAM-SHA-256"),
-        Sasl::ScramSha512 => Some("SCRAM-SHA-512"),
-        Sasl::OAuthBearer { .. } | Sasl::AwsMskIam { .. } => Some("OAUTHBEARER"),
-        Sasl::Gssapi { .. } => Some("GSSAPI"),
-    };
+    let mechanism = c.sasl.mechanism();
     let protocol = match (c.tls.enabled, mechanism.is_some()) {
         (false, false) => "plaintext",
         (true, false) => "ssl",
@@ -842,12 +967,13 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
         config.set("sasl.mechanism", mechanism);
     }
     match &c.sasl {
-        Sasl::Plaintext | Sasl::ScramSha256 | Sasl::ScramSha512 => {
+        Sasl::Plaintext(credentials) | Sasl::ScramSha256(credentials) | Sasl::ScramSha512(credentials) => {
             config
-                .set("sasl.username", &c.username)
-                .set("sasl.password", c.password.expose());
+                .set("sasl.username", &credentials.username)
+                .set("sasl.password", credentials.password.expose());
         }
         Sasl::OAuthBearer {
+            client,
             token_endpoint,
             scopes,
             extensions,
@@ -860,8 +986,8 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
             // thread.
             config
                 .set("sasl.oauthbearer.method", "oidc")
-                .set("sasl.oauthbearer.client.id", &c.username)
-                .set("sasl.oauthbearer.client.secret", c.password.expose())
+                .set("sasl.oauthbearer.client.id", &client.username)
+                .set("sasl.oauthbearer.client.secret", client.password.expose())
                 .set("sasl.oauthbearer.token.endpoint.url", token_endpoint);
             let scopes: Vec<&str> = scopes.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).collect();
             if !scopes.is_empty() {
@@ -873,18 +999,20 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
             }
         }
         Sasl::Gssapi {
+            username,
+            password,
+            keytab,
             realm,
             service_name,
-            keytab,
             kerberos_config,
             disable_fast: _,
         } => {
-            let principal = if c.username.contains('@') {
-                c.username.clone()
+            let principal = if username.contains('@') {
+                username.clone()
             } else {
-                format!("{}@{realm}", c.username)
+                format!("{username}@{realm}")
             };
-            let files = kerberos::files(kerberos_config, keytab, &c.password)?;
+            let files = kerberos::files(kerberos_config, keytab, password)?;
             config
                 .set("sasl.kerberos.service.name", if service_name.is_empty() { "kafka" } else { service_name })
                 .set("sasl.kerberos.principal", &principal)
@@ -927,19 +1055,23 @@ fn kafka_error(error: rdkafka::error::KafkaError) -> ObserveError {
     }
 }
 
-/// One poll: metadata, committed offsets, latest offsets.
+/// One poll: metadata, committed offsets, latest offsets, and the log
+/// start of the partitions the group never committed to when
+/// `offsetResetPolicy` is earliest (as KEDA 2.21: kedacore/keda#7936).
 ///
 /// Without a topic KEDA lists the group's committed offsets, then
 /// describes only those topics (kedacore/keda pkg/scalers/kafka_scaler.go,
-/// `getTopicPartitions`). librdkafka's mock cluster cannot answer that
-/// listing (OffsetFetch without topics), so hoist asks the group's offsets
-/// for the partitions of every topic the cluster lists and keeps the
-/// topics with a commit. A topic the cluster reports an error for cannot
+/// `getTopicPartitions`). That listing (OffsetFetch without topics) is not
+/// in rdkafka's API and librdkafka's mock cluster, which some tests use,
+/// cannot answer it, so hoist asks the group's offsets for the partitions
+/// of every topic the cluster lists and keeps the topics with a commit: a
+/// group with none has no lag (KEDA would describe every topic:
+/// kedacore/keda#8114). A topic the cluster reports an error for cannot
 /// be asked and does not fail the poll (KEDA would not describe it unless
 /// the group committed to it); a topic hidden by a Describe ACL is skipped
 /// by both (the broker leaves it out of the listing too). With a topic,
 /// its error fails the poll, as in KEDA.
-fn read_offsets(c: &KafkaConfig, client: &Client) -> Result<(Offsets, Offsets), ObserveError> {
+fn read_offsets(c: &KafkaConfig, client: &Client) -> Result<(Offsets, Ends), ObserveError> {
     let topic = (!c.topic.is_empty()).then_some(c.topic.as_str());
     let metadata = client.fetch_metadata(topic, REQUEST_TIMEOUT).map_err(kafka_error)?;
     if metadata.brokers().is_empty() {
@@ -979,7 +1111,7 @@ fn read_offsets(c: &KafkaConfig, client: &Client) -> Result<(Offsets, Offsets), 
         }
     }
     if wanted.count() == 0 {
-        return Ok((Offsets::new(), Offsets::new()));
+        return Ok((Offsets::new(), Ends::new()));
     }
     let committed_list = client.committed_offsets(wanted.clone(), REQUEST_TIMEOUT).map_err(kafka_error)?;
     let mut committed = Offsets::new();
@@ -1000,23 +1132,60 @@ fn read_offsets(c: &KafkaConfig, client: &Client) -> Result<(Offsets, Offsets), 
             }
         }
         if wanted.count() == 0 {
-            return Ok((committed, Offsets::new()));
+            return Ok((committed, Ends::new()));
         }
     }
-    let mut ends = TopicPartitionList::new();
-    for element in wanted.elements() {
-        ends.add_partition_offset(element.topic(), element.partition(), Offset::End)
+    let partitions = wanted.elements().into_iter().map(|e| (e.topic().to_string(), e.partition()));
+    let mut ends: Ends = Ends::new();
+    for (topic, partition, latest) in list_offsets(client, partitions, Offset::End)? {
+        ends.entry(topic).or_default().insert(partition, PartitionEnds::latest(latest));
+    }
+    if c.offset_reset_policy == OffsetResetPolicy::Earliest && !c.scale_to_zero_on_invalid_offset {
+        let uncommitted: Vec<(String, i32)> = ends
+            .iter()
+            .flat_map(|(topic, partitions)| partitions.keys().map(move |p| (topic.clone(), *p)))
+            .filter(|(topic, p)| committed.get(topic).and_then(|o| o.get(p)).is_none_or(|o| *o == INVALID_OFFSET))
+            .collect();
+        if !uncommitted.is_empty() {
+            // As KEDA: without the log start, the partition's whole log
+            // counts, and the poll goes on.
+            match list_offsets(client, uncommitted, Offset::Beginning) {
+                Ok(starts) => {
+                    for (topic, partition, earliest) in starts {
+                        if let Some(ends) = ends.get_mut(&topic).and_then(|p| p.get_mut(&partition)) {
+                            ends.earliest = Some(earliest);
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(group = %c.consumer_group, %error, "cannot read log start offsets; counting whole logs as lag"),
+            }
+        }
+    }
+    Ok((committed, ends))
+}
+
+/// ListOffsets for each partition at `position` (`End`: the high
+/// watermark; `Beginning`: the log start), batched per leader by
+/// librdkafka.
+fn list_offsets(
+    client: &Client,
+    partitions: impl IntoIterator<Item = (String, i32)>,
+    position: Offset,
+) -> Result<Vec<(String, i32, i64)>, ObserveError> {
+    let mut asked = TopicPartitionList::new();
+    for (topic, partition) in partitions {
+        asked.add_partition_offset(&topic, partition, position)
             .map_err(|e| ObserveError::Query(e.to_string()))?;
     }
-    let latest_list = client.offsets_for_times(ends, REQUEST_TIMEOUT).map_err(kafka_error)?;
-    let mut latest = Offsets::new();
-    for element in latest_list.elements() {
+    let answered = client.offsets_for_times(asked, REQUEST_TIMEOUT).map_err(kafka_error)?;
+    let mut offsets = Vec::with_capacity(answered.count());
+    for element in answered.elements() {
         element.error().map_err(kafka_error)?;
         if let Offset::Offset(offset) = element.offset() {
-            latest.entry(element.topic().to_string()).or_default().insert(element.partition(), offset);
+            offsets.push((element.topic().to_string(), element.partition(), offset));
         }
     }
-    Ok((committed, latest))
+    Ok(offsets)
 }
 
 pub struct KafkaSource {
@@ -1024,15 +1193,18 @@ pub struct KafkaSource {
     /// One poll at a time: a poll the driver gave up on still holds this
     /// until librdkafka returns, so failed polls cannot pile up threads.
     busy: Arc<tokio::sync::Mutex<()>>,
+    /// Where the client comes from, on the first poll.
+    pool: ClientPool,
     client: Mutex<Option<Arc<Client>>>,
-    previous: Arc<Mutex<HashMap<(String, i32), i64>>>,
+    previous: Arc<Mutex<PreviousOffsets>>,
 }
 
 impl KafkaSource {
-    pub fn new(config: KafkaConfig) -> Self {
+    pub fn new(config: KafkaConfig, pool: ClientPool) -> Self {
         Self {
             config: Arc::new(config),
             busy: Arc::new(tokio::sync::Mutex::new(())),
+            pool,
             client: Mutex::new(None),
             previous: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -1045,7 +1217,7 @@ impl KafkaSource {
             match slot.as_ref() {
                 Some(client) => client.clone(),
                 None => {
-                    let client = pooled_client(&self.config)?;
+                    let client = self.pool.client(&self.config)?;
                     *slot = Some(client.clone());
                     client
                 }
@@ -1056,13 +1228,9 @@ impl KafkaSource {
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             serve_events(&client);
-            let (committed, latest) = read_offsets(&config, &client)?;
+            let (committed, ends) = read_offsets(&config, &client)?;
             let mut previous = previous.lock().unwrap_or_else(|e| e.into_inner());
-            let (lag, with_persistent) = total_lag(&config, &committed, &latest, &mut previous);
-            Ok(Measurement {
-                value: lag as f64,
-                activity: with_persistent as f64,
-            })
+            Ok(total_lag(&config, &committed, &ends, &mut previous).into())
         })
         .await
         .map_err(|error| ObserveError::Query(format!("offset reader stopped: {error}")))?
@@ -1385,6 +1553,50 @@ mod tests {
         let prefix = &token.value.expose()[..40];
         assert!(!logs.contains(prefix), "a token reached the logs");
         assert!(!logs.contains(secret), "the secret key reached the logs");
+    }
+
+    /// The pool's key tells credentials apart without printing them: the
+    /// same cluster, mechanism and group with another password is another
+    /// client, and the query key carries only a fingerprint.
+    #[test]
+    fn client_keys_tell_credentials_apart_and_never_show_them() {
+        let base = [("bootstrapServers", "127.0.0.1:1"), ("consumerGroup", "g"), ("topic", "t")];
+        let scram = |password: &str| config(&base, &[("sasl", "scram_sha512"), ("username", "u"), ("password", password)]);
+        assert!(ClientKey::of(&scram("one-password")) == ClientKey::of(&scram("one-password")));
+        assert!(ClientKey::of(&scram("one-password")) != ClientKey::of(&scram("another-password")));
+        let key = query_key(&scram("one-password"));
+        assert!(!key.contains("one-password"), "{key}");
+        assert_ne!(key, query_key(&scram("another-password")));
+        match scram("p").sasl {
+            Sasl::ScramSha512(Credentials { username, .. }) => assert_eq!(username, "u"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(config(&base, &[("username", "ignored")]).sasl, Sasl::None, "no credentials without a mechanism");
+    }
+
+    /// The two places hoist's lag differs from KEDA 2.21's: a partition
+    /// never committed is persistent lag when it stays so, and `earliest`
+    /// counts from the log start.
+    #[test]
+    fn never_committed_partitions_are_persistent_lag_and_earliest_counts_from_the_log_start() {
+        let base = [("bootstrapServers", "b:1"), ("consumerGroup", "g"), ("topic", "t")];
+        let ends: Ends = [(
+            "t".to_string(),
+            [(0, PartitionEnds { latest: 10, earliest: Some(7) }), (1, PartitionEnds::latest(10))].into(),
+        )]
+        .into();
+        let mut previous = PreviousOffsets::new();
+        let persistent = config(&[base[0], base[1], base[2], ("excludePersistentLag", "true")], &[]);
+        let first = lag_for_partition(&persistent, "t", 0, INVALID_OFFSET, &ends, &mut previous);
+        assert_eq!(first, Lag { value: 1, with_persistent: 1 });
+        let second = lag_for_partition(&persistent, "t", 0, INVALID_OFFSET, &ends, &mut previous);
+        assert_eq!(second, Lag { value: 0, with_persistent: 1 });
+
+        let earliest = config(&[base[0], base[1], base[2], ("offsetResetPolicy", "earliest")], &[]);
+        let retained = lag_for_partition(&earliest, "t", 0, INVALID_OFFSET, &ends, &mut previous);
+        assert_eq!(retained.value, 3, "10 - 7");
+        let whole = lag_for_partition(&earliest, "t", 1, INVALID_OFFSET, &ends, &mut previous);
+        assert_eq!(whole.value, 10, "no log start read: the whole log, as KEDA");
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub struct Context {
     /// `tcp_routes[].concurrent_connections`): an `http`/`tcp` trigger
     /// naming the route takes it when it sets none itself.
     pub route_targets: std::sync::Arc<std::collections::BTreeMap<String, f64>>,
+    /// The Kafka clients triggers share (one per cluster, credentials and
+    /// group); clones share the pool.
+    pub kafka: kafka::ClientPool,
 }
 
 impl Default for Context {
@@ -69,6 +72,7 @@ impl Default for Context {
             cluster_domain: "cluster.local".to_string(),
             authentication: None,
             route_targets: Default::default(),
+            kafka: Default::default(),
         }
     }
 }
@@ -107,7 +111,7 @@ pub struct Query {
 
 /// TLS to a source, as KEDA's scalers take it: on or off, whether to skip
 /// verification, and PEM material (from the auth profile).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct SourceTls {
     pub enabled: bool,
     pub unsafe_ssl: bool,

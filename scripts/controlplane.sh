@@ -40,6 +40,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
+source scripts/services.sh
 
 case "${CONTROLPLANE_VERSIONS:-current}" in
   current)
@@ -206,15 +207,9 @@ start() {
 
 # stop NAME: its whole process group, politely first.
 stop() {
-  local pid_file="$DIR/pids/$1" pid
+  local pid_file="$DIR/pids/$1"
   [ -f "$pid_file" ] || return 0
-  pid="$(cat "$pid_file")"
-  kill -TERM -- "-$pid" 2>/dev/null || true
-  for _ in $(seq 50); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -KILL -- "-$pid" 2>/dev/null || true
+  stop_group "$(cat "$pid_file")"
   rm -f "$pid_file"
 }
 
@@ -438,10 +433,7 @@ EOF
   wait_for keda-adapter 90 k get --raw /apis/external.metrics.k8s.io/v1beta1
 
   if [ -n "${CONTROLPLANE_PARENT:-}" ]; then
-    # Stops everything when the process that asked for it ends, however
-    # it ends (a test binary has no teardown of its own).
-    setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; CONTROLPLANE_DIR="$2" "$3" down' \
-      watcher "$CONTROLPLANE_PARENT" "$DIR" "$ROOT/scripts/controlplane.sh" >/dev/null 2>&1 </dev/null &
+    watch_parent "$CONTROLPLANE_PARENT" "$ROOT/scripts/controlplane.sh" CONTROLPLANE_DIR "$DIR"
   fi
   say "up: logs in $DIR/logs; stop with scripts/controlplane.sh down"
   echo "$DIR/admin.kubeconfig"

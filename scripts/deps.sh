@@ -5,7 +5,8 @@
 # rdkafka crate with TLS, OAUTHBEARER's OIDC token fetch and GSSAPI), with
 # kinit and SASL's GSSAPI plugin for Kafka's `sasl: gssapi`. Extra package
 # names given as arguments are installed too (scripts/test.sh adds
-# redis-server; `promtool` stands for Debian's `prometheus`). Does nothing when everything is there.
+# redis-server, and Java and Maven for the Kafka broker; `promtool` stands
+# for Debian's `prometheus`). Does nothing when everything is there.
 set -euo pipefail
 
 missing=()
@@ -24,6 +25,8 @@ for package in "$@"; do
     redis-tools) command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools) ;;
     promtool) command -v promtool >/dev/null 2>&1 || missing+=(prometheus) ;;
     buildah) command -v buildah >/dev/null 2>&1 || missing+=(buildah) ;;
+    default-jre-headless) command -v java >/dev/null 2>&1 || missing+=(default-jre-headless) ;;
+    maven) command -v mvn >/dev/null 2>&1 || missing+=(maven) ;;
     *) dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package") ;;
   esac
 done

@@ -3,10 +3,11 @@
 # (build tools for librdkafka, redis-server and redis-cli, buildah and
 # promtool from Debian, kubernetes-validate from PyPI, helm and kubectl,
 # and the real Kubernetes control plane with KEDA built from their Go
-# modules, when missing), then runs every test. Tests start their own redis-server
-# processes on free ports and Kafka's mock cluster in-process; nothing
-# needs to be running beforehand. HOIST_TEST_KAFKA_BOOTSTRAP=host:port
-# adds a run against a real Kafka broker.
+# modules, and a real Kafka broker's jars from Maven Central, when missing),
+# then runs every test. Tests start their own redis-server processes on free
+# ports, a real Kafka broker (scripts/kafka.sh, once per test binary that
+# needs one) and, for injected faults only, Kafka's mock cluster in-process;
+# nothing needs to be running beforehand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +25,11 @@ scripts/layer-tool.sh kubectl
 scripts/deps.sh openssl curl
 command -v go >/dev/null 2>&1 || scripts/deps.sh golang-go
 scripts/controlplane.sh build
+# For tests/kafka.rs: a real Apache Kafka broker (KRaft), its jars fetched
+# by Maven from Maven Central into target/kafka/lib (tools/kafka/pom.xml),
+# run by Java 17 (scripts/kafka.sh).
+scripts/deps.sh default-jre-headless maven
+scripts/kafka.sh build
 # For tests/validate.rs: buildah (builds the image, scripts/image.sh) and
 # promtool (checks the alert rules) from Debian, kubernetes-validate
 # (Kubernetes' schemas) from PyPI, the PrometheusRule schema from npm.

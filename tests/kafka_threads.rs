@@ -18,7 +18,7 @@ fn threads() -> usize {
 async fn many_failed_polls_do_not_pile_up_threads() {
     use hoist::metadata::{AuthParams, Params};
     use hoist::scalers::Source;
-    use hoist::scalers::kafka::{KafkaSource, parse_config};
+    use hoist::scalers::kafka::{ClientPool, KafkaSource, parse_config};
 
     let nobody = format!("127.0.0.1:{}", support::free_port());
     let metadata = [
@@ -29,8 +29,8 @@ async fn many_failed_polls_do_not_pile_up_threads() {
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    let source =
-        KafkaSource::new(parse_config(&Params::new(&metadata, &AuthParams::new())).unwrap());
+    let config = parse_config(&Params::new(&metadata, &AuthParams::new())).unwrap();
+    let source = KafkaSource::new(config, ClientPool::default());
     // Warm up: the client and the first blocking call exist from here on.
     let _ = tokio::time::timeout(Duration::from_millis(200), source.observe()).await;
     let before = threads();

@@ -24,7 +24,7 @@ const USER_AGENT: &str = concat!("hoist/", env!("CARGO_PKG_VERSION"));
 
 /// Static AWS credentials (an access key, and a session token when they
 /// are temporary). `Debug` masks the secrets (`Secret`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AwsCredentials {
     pub access_key_id: String,
     pub secret_access_key: Secret,

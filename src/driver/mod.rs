@@ -112,6 +112,7 @@ impl DriverSettings {
                 cluster_domain: settings.interceptor.cluster_domain.clone(),
                 authentication: None,
                 route_targets: Arc::new(settings.interceptor.route_targets()),
+                kafka: Default::default(),
             },
             assume_applied: settings.engine.assume_applied,
         }
@@ -380,6 +381,10 @@ impl Driver {
         profiles: AuthProfiles,
         first: impl FnOnce() -> Result<(), E>,
     ) -> Result<(), E> {
+        // The Kafka clients outlive a reload: triggers parsed after it
+        // share the clients of those parsed before.
+        let mut settings = settings;
+        settings.context.kafka = self.inner.settings.load().context.kafka.clone();
         match (&self.inner.routes, &settings.routes) {
             (Some(routes), Some(rules)) => routes.reconfigure(rules.clone(), first)?,
             _ => first()?,
