@@ -1279,13 +1279,7 @@ async fn a_target_changed_in_hoist_alone_reaches_the_hpa_through_stream_metric_s
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("hoist.toml");
     std::fs::write(&file, config(20)).unwrap();
-    let settings = Settings::load(Some(&file), Vec::new(), &Default::default()).unwrap();
-    let source = hoist::reload::ConfigSource::new(
-        Some(file.clone()),
-        Vec::new(),
-        hoist::config::Overrides::default(),
-    );
-    let hoist = Hoist::start_reloading(settings, source).await;
+    let hoist = Hoist::start_from_file(&file).await;
     plane.apply(&deployment(&namespace, "storefront", 1));
     plane.apply(&format!(
         r#"apiVersion: keda.sh/v1alpha1

@@ -10,7 +10,6 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use hoist::config::Settings;
 use hoist::proto::{GetMetricSpecResponse, ScaledObjectRef};
 use tonic::{Code, Streaming};
 
@@ -35,13 +34,7 @@ fn config(target: Option<u32>, cold_start: &str) -> String {
 
 async fn start(file: &Path, content: &str) -> Hoist {
     std::fs::write(file, content).unwrap();
-    let settings = Settings::load(Some(file), Vec::new(), &Default::default()).unwrap();
-    let source = hoist::reload::ConfigSource::new(
-        Some(file.to_path_buf()),
-        Vec::new(),
-        hoist::config::Overrides::default(),
-    );
-    Hoist::start_reloading(settings, source).await
+    Hoist::start_from_file(file).await
 }
 
 /// KEDA's call for an `http` trigger naming the config route.

@@ -283,13 +283,7 @@ async fn a_reload_that_tightens_allowed_sources_stops_tracked_triggers() {
     let file = dir.path().join("hoist.toml");
     let allowing = |pattern: &str| format!("[limits]\nallowed_sources = [\"{pattern}\"]\n");
     std::fs::write(&file, allowing("127.0.0.1:*")).unwrap();
-    let settings = Settings::load(Some(&file), Vec::new(), &Default::default()).unwrap();
-    let source = hoist::reload::ConfigSource::new(
-        Some(file.clone()),
-        Vec::new(),
-        hoist::config::Overrides::default(),
-    );
-    let hoist = Hoist::start_reloading(settings, source).await;
+    let hoist = Hoist::start_from_file(&file).await;
     let jobs = object(
         "worker",
         &[

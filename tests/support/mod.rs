@@ -422,6 +422,19 @@ impl Hoist {
         Self::start_serving(settings, Some(source)).await
     }
 
+    /// `hoist serve --config FILE`: its settings read from `file`, which
+    /// it reloads when the file changes.
+    pub async fn start_from_file(file: &Path) -> Self {
+        let settings = Settings::load(Some(file), Vec::new(), &Default::default())
+            .expect("the test's config loads");
+        let source = ConfigSource::new(
+            Some(file.to_path_buf()),
+            Vec::new(),
+            hoist::config::Overrides::default(),
+        );
+        Self::start_reloading(settings, source).await
+    }
+
     async fn start_serving(mut settings: Settings, reload: Option<ConfigSource>) -> Self {
         // Loopback on a free port, unless the test chose an address (a
         // hoist restarted where KEDA knows it).
