@@ -409,7 +409,11 @@ async fn push_metric_specs(
         match triggers.track(object.clone()).await {
             Ok(now) => tracked = now,
             Err(error) => {
-                let _ = sender.send(Err(error.into())).await;
+                tokio::select! {
+                    _ = sender.send(Err(error.into())) => {}
+                    _ = driver.shutting_down() => {}
+                    _ = sender.closed() => {}
+                }
                 return;
             }
         }
