@@ -396,16 +396,8 @@ async fn push_metric_specs(
             _ = sender.closed() => return,
         }
         drop(guard);
-        let key = TriggerKey::new(
-            object.namespace.clone(),
-            object.name.clone(),
-            object.scaler_metadata.clone(),
-        );
-        if let Ok(Some(same)) = driver.lookup(&key)
-            && Arc::ptr_eq(&same, &tracked)
-        {
-            continue;
-        }
+        // Finds the same trigger when another one was forgotten (its spec
+        // is then not sent again), or tracks this one anew.
         match triggers.track(object.clone()).await {
             Ok(now) => tracked = now,
             Err(error) => {
