@@ -149,3 +149,21 @@ async fn a_reload_that_refuses_the_trigger_ends_its_stream_with_the_reason_get_m
         ended.message()
     );
 }
+
+#[test]
+fn a_route_target_below_one_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hoist.toml");
+    for bad in ["0", "0.5", "-3", "nan"] {
+        let content = config(Some(20), "60s").replace("= 20", &format!("= {bad}"));
+        std::fs::write(&file, content).unwrap();
+        let error = hoist::config::Settings::load(Some(&file), Vec::new(), &Default::default())
+            .expect_err("a target below 1 is refused")
+            .to_string();
+        assert!(
+            error.contains("interceptor.http_routes[shop].concurrent_requests")
+                && error.contains("at least 1"),
+            "{bad}: {error}"
+        );
+    }
+}
