@@ -22,6 +22,10 @@
 #                                   triggers' pollingInterval, whatever KEDA's
 #   BENCH_KEDA_WINDOW=60            seconds over which load is measured
 #   BENCH_DOC=docs/BENCHMARKS.md    where the table goes ("-": standard output)
+#   BENCH_KEDA_SECTION=bench-keda   the markers in BENCH_DOC it goes between
+#   KEDA_OPERATOR_ARGS              more arguments for KEDA's operator
+#                                   (scripts/controlplane.sh), e.g. its API
+#                                   client's "--kube-api-qps 200 --kube-api-burst 2000"
 #   BENCH_KEEP=1                    keep the work directory
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +36,7 @@ ROWS="${BENCH_KEDA_ROWS:-keda:5 hoist:5 push:5 push:60 push:300}"
 SOURCE_INTERVAL="${BENCH_KEDA_SOURCE_INTERVAL:-5}"
 WINDOW="${BENCH_KEDA_WINDOW:-60}"
 DOC="${BENCH_DOC:-docs/BENCHMARKS.md}"
+SECTION="${BENCH_KEDA_SECTION:-bench-keda}"
 started_at=$(date +%s)
 
 scripts/deps.sh redis-server redis-tools
@@ -64,7 +69,8 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
 redis_pid=$!
 pids+=("$redis_pid")
 # hoist as a passthrough scaler: no cluster access here (KEDA's side is
-# what is measured), callers trusted (loopback only).
+# what is measured), callers trusted (loopback only). Its JSON log says
+# when each activation push left (debug level, hoist::grpc alone).
 cat >"$work/hoist.toml" <<EOF
 state_file = ""
 [grpc]
@@ -74,6 +80,9 @@ trust_callers = true
 listen = "127.0.0.1:$admin_port"
 [kubernetes]
 enabled = false
+[log]
+format = "json"
+level = "hoist::grpc=debug,info"
 EOF
 "$HOIST" serve --config "$work/hoist.toml" >"$work/hoist.log" 2>&1 &
 hoist_pid=$!
@@ -209,35 +218,12 @@ for n in $OBJECTS; do
       sleep 0.5
     done
     zero_s=$( [ -n "$zero" ] && seconds "$zero" || echo "not all in $(( zero_limit / 1000 ))")
-    # When KEDA wrote each 0 → 1 (the API server's audit log) and how long
-    # its API client waited on its own rate limit meanwhile (client-go logs
-    # waits over 1 s): why the push took as long as it did.
-    writes=$(python3 - "$plane/logs/audit.log" "$namespace" "$pushed" <<'EOF'
-import datetime, json, sys
-log, namespace, pushed_ms = sys.argv[1], sys.argv[2], int(sys.argv[3])
-times = []
-for line in open(log):
-    try:
-        event = json.loads(line)
-    except ValueError:
-        continue
-    ref = event.get("objectRef", {})
-    if ref.get("namespace") != namespace or ref.get("resource") != "deployments":
-        continue
-    if event.get("stage") != "ResponseComplete" or event.get("user", {}).get("username") != "admin":
-        continue
-    at = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
-    ms = at.timestamp() * 1000 - pushed_ms
-    if ms >= 0:
-        times.append(ms / 1000)
-times.sort()
-if times:
-    quartiles = [times[min(len(times) - 1, int(len(times) * q))] for q in (0, 0.5, 1)]
-    print(f"{len(times)} writes after the push, first {quartiles[0]:.1f} s, median {quartiles[1]:.1f} s, last {quartiles[2]:.1f} s")
-else:
-    print("no writes after the push")
-EOF
-)
+    # When hoist pushed, and when KEDA read each Deployment's scale, wrote
+    # it and wrote the ScaledObject's status (hoist's log, the API server's
+    # audit log); and how long its API client waited on its own rate limit
+    # meanwhile (client-go logs waits over 1 s): why the push took as long
+    # as it did.
+    writes=$(python3 scripts/bench-keda-timeline.py "$plane/logs/audit.log" "$work/hoist.log" "$namespace" "$pushed")
     throttled=$(tail -n +"$((operator_log_lines + 1))" "$plane/logs/keda-operator.log" | python3 -c '
 import re, sys
 # client-go: "Waited before sending request" with its delay (Go duration),
@@ -252,7 +238,7 @@ for line in sys.stdin:
         waits.append(value / 1000 if unit == "ms" else value * 60 if unit == "m" else value)
 print(f"{len(waits)} waits over 1 s logged, longest {max(waits):.1f} s" if waits else "no wait over 1 s logged")
 ')
-    writes_by_row+=("- $n ScaledObjects, $label, pollingInterval $interval s: KEDA's scale writes: $writes; its API client: $throttled")
+    writes_by_row+=("- $n ScaledObjects, $label, pollingInterval $interval s: $writes; KEDA's API client: $throttled")
     echo "   ${writes_by_row[-1]}"
     hoist_cells=$( [ "$mode" = keda ] && echo "–" || echo "$hoist_cpu % / $hoist_rss MiB")
     rows+=("| $n | $label | $interval s | $per_second | $redis_cpu % | $clients | $operator_cpu % | $operator_rss MiB | $hoist_cells | $first_s s | $last_s s | $zero_s s |")
@@ -269,8 +255,18 @@ versions="$(scripts/controlplane.sh versions)"
 table="$work/table.md"
 {
   echo "- When: $(date -u -d "@$started_at" '+%Y-%m-%d %H:%M UTC'), $(( (finished_at - started_at) / 60 )) min, $(nproc) CPUs, hoist at $(git rev-parse --short HEAD); $versions; $(redis-server --version | cut -d' ' -f3)."
+  if [ -n "${KEDA_OPERATOR_ARGS:-}" ]; then
+    echo "- KEDA's operator with \`$KEDA_OPERATOR_ARGS\`."
+  else
+    echo "- KEDA's operator with its defaults (its API client at \`--kube-api-qps 20\`, \`--kube-api-burst 30\`)."
+  fi
   echo "- Every ScaledObject: the row's \`pollingInterval\`, \`cooldownPeriod: 30\`, \`minReplicaCount: 0\`, one Redis list \`jobs\` with \`listLength: \"5\"\`; hoist polls the list every $SOURCE_INTERVAL s (its triggers' \`pollingInterval\` metadata), whatever KEDA's interval. The HPA controller syncs every 15 s. Load is measured over $WINDOW s with every ScaledObject inactive, after KEDA made all the HPAs and 20 s more. Last job → 0: from emptying the list until every Deployment is at 0."
-  echo "- Command: \`scripts/bench-keda.sh\` (part 9 of \`scripts/bench.sh\`)."
+  knobs=""
+  [ -n "${KEDA_OPERATOR_ARGS:-}" ] && knobs+="KEDA_OPERATOR_ARGS=\"$KEDA_OPERATOR_ARGS\" "
+  [ "$OBJECTS" != "100 1000" ] && knobs+="BENCH_KEDA_OBJECTS=\"$OBJECTS\" "
+  [ "$ROWS" != "keda:5 hoist:5 push:5 push:60 push:300" ] && knobs+="BENCH_KEDA_ROWS=\"$ROWS\" "
+  [ "$SECTION" != bench-keda ] && knobs+="BENCH_KEDA_SECTION=$SECTION "
+  echo "- Command: \`${knobs}scripts/bench-keda.sh\` (part 9 of \`scripts/bench.sh\`)."
   echo
   echo "| ScaledObjects | scaler | pollingInterval | Redis commands/s | Redis CPU | Redis clients | KEDA operator CPU | KEDA operator RSS | hoist CPU / RSS | push → first 0 → 1 | push → every 0 → 1 | last job → every 1 → 0 |"
   echo "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
@@ -280,20 +276,20 @@ table="$work/table.md"
   echo
   printf '%s\n' "${commands_by_row[@]}"
   echo
-  echo "KEDA's writes after the push (audit log) and its API client's own waits (operator log):"
+  echo "After the push, in seconds: when hoist pushed (its log); when KEDA read each Deployment's scale, wrote it, and wrote the ScaledObject's status (the API server's audit log); its API client's own waits (operator log):"
   echo
   printf '%s\n' "${writes_by_row[@]}"
 } >"$table"
 if [ "$DOC" = "-" ]; then
   cat "$table"
 else
-  python3 - "$DOC" "$table" <<'EOF'
+  python3 - "$DOC" "$table" "$SECTION" <<'EOF'
 import sys
-doc, table = sys.argv[1], open(sys.argv[2]).read()
+doc, table, section = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3]
 text = open(doc).read()
-start = text.index("<!-- bench-keda:begin")
+start = text.index(f"<!-- {section}:begin")
 start = text.index("\n", start) + 1
-stop = text.index("<!-- bench-keda:end -->")
+stop = text.index(f"<!-- {section}:end -->")
 open(doc, "w").write(text[:start] + "\n" + table + "\n" + text[stop:])
 EOF
   echo "recorded in $DOC"

@@ -308,8 +308,11 @@ EOF
   # them) is written to logs/audit.log with its verb, resource and answer:
   # tests/controlplane.rs reads from it what hoist asked for and whether
   # RBAC allowed it. So is every write to a Deployment's replicas by anyone
-  # but the controllers (KEDA's scale from and to zero): when KEDA acted,
-  # for scripts/bench-keda.sh.
+  # but the controllers (KEDA's scale from and to zero), and every read of
+  # one's scale and every ScaledObject status write by the admin user KEDA
+  # runs as here (the read KEDA makes before each such write, the status
+  # write after): when KEDA acted and what it waited on, for
+  # scripts/bench-keda.sh.
   cat >"$DIR/audit-policy.yaml" <<EOF
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -324,6 +327,18 @@ rules:
   resources:
   - group: apps
     resources: ["deployments", "deployments/scale"]
+- level: Metadata
+  users: ["admin"]
+  verbs: ["get"]
+  resources:
+  - group: apps
+    resources: ["deployments/scale"]
+- level: Metadata
+  users: ["admin"]
+  verbs: ["update", "patch"]
+  resources:
+  - group: keda.sh
+    resources: ["scaledobjects/status"]
 - level: None
 EOF
   kubeconfig "$DIR/admin.kubeconfig" admin

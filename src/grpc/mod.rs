@@ -349,6 +349,13 @@ async fn push_activation_edges(
                         if sent.is_err() {
                             return;
                         }
+                        // When each push left, to set beside when KEDA acted
+                        // on it (scripts/bench-keda.sh, docs/push.md).
+                        debug!(
+                            namespace = %tracked.key.namespace,
+                            name = %tracked.key.name,
+                            "activation pushed"
+                        );
                     }
                     _ = driver.shutting_down() => return,
                 }
