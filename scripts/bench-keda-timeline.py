@@ -9,6 +9,12 @@ line per kind: how many, and when the first, the median and the last
 came, in seconds after the push, with the rate between first and last.
 
   bench-keda-timeline.py AUDIT_LOG HOIST_LOG NAMESPACE PUSHED_MS
+
+With --status-writes-since, prints instead how many ScaledObject status
+writes of NAMESPACE the audit log holds from byte OFFSET on, in the last
+SECONDS seconds (the bench waits for 0: KEDA's set-up writes done):
+
+  bench-keda-timeline.py --status-writes-since AUDIT_LOG OFFSET NAMESPACE SECONDS
 """
 import datetime
 import json
@@ -20,11 +26,12 @@ def seconds_after(stamp, pushed_ms):
     return at.timestamp() - pushed_ms / 1000
 
 
-def events(path):
+def events(path, offset=0):
     try:
         lines = open(path, errors="replace")
     except OSError:
         return
+    lines.seek(offset)
     for line in lines:
         try:
             yield json.loads(line)
@@ -42,7 +49,32 @@ def summary(name, times):
     return f"{name}: {len(times)}, first {first:.1f} s, median {median:.1f} s, last {last:.1f} s{rate}"
 
 
+def is_status_write(event, namespace):
+    ref = event.get("objectRef", {})
+    return (
+        ref.get("namespace") == namespace
+        and ref.get("resource") == "scaledobjects"
+        and ref.get("subresource") == "status"
+        and event.get("verb") in ("update", "patch")
+        and event.get("user", {}).get("username") == "admin"
+    )
+
+
+def recent_status_writes(audit_log, offset, namespace, seconds):
+    now = datetime.datetime.now(datetime.timezone.utc).timestamp()
+    count = 0
+    for event in events(audit_log, int(offset)):
+        if is_status_write(event, namespace):
+            at = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if now - at.timestamp() <= float(seconds):
+                count += 1
+    print(count)
+
+
 def main():
+    if sys.argv[1] == "--status-writes-since":
+        recent_status_writes(*sys.argv[2:6])
+        return
     audit_log, hoist_log, namespace, pushed_ms = sys.argv[1:5]
     pushed_ms = int(pushed_ms)
     pushes, reads, writes, statuses = [], [], [], []
@@ -66,7 +98,7 @@ def main():
             reads.append(at)
         elif resource == "deployments" and verb in ("update", "patch"):
             writes.append(at)
-        elif resource == "scaledobjects" and sub == "status" and verb in ("update", "patch"):
+        elif is_status_write(event, namespace):
             statuses.append(at)
     print(
         "; ".join(
