@@ -275,7 +275,7 @@ table="$work/table.md"
   else
     echo "- KEDA's operator with its defaults (its API client at \`--kube-api-qps 20\`, \`--kube-api-burst 30\`)."
   fi
-  echo "- Every ScaledObject: the row's \`pollingInterval\`, \`cooldownPeriod: 30\`, \`minReplicaCount: 0\`, one Redis list \`jobs\` with \`listLength: \"5\"\`; hoist polls the list every $SOURCE_INTERVAL s (its triggers' \`pollingInterval\` metadata), whatever KEDA's interval. The HPA controller syncs every 15 s. Load is measured over $WINDOW s with every ScaledObject inactive, after KEDA made all the HPAs and 20 s more. Last job → 0: from emptying the list until every Deployment is at 0."
+  echo "- Every ScaledObject: the row's \`pollingInterval\`, \`cooldownPeriod: 30\`, \`minReplicaCount: 0\`, one Redis list \`jobs\` with \`listLength: \"5\"\`; hoist polls the list every $SOURCE_INTERVAL s (its triggers' \`pollingInterval\` metadata), whatever KEDA's interval. The HPA controller syncs every 15 s. Load is measured over $WINDOW s with every ScaledObject inactive, once KEDA made every HPA and its status writes for them stopped (none for 20 s), and 20 s more. Last job → 0: from emptying the list until every Deployment is at 0."
   knobs=""
   [ -n "${KEDA_OPERATOR_ARGS:-}" ] && knobs+="KEDA_OPERATOR_ARGS=\"$KEDA_OPERATOR_ARGS\" "
   [ "$OBJECTS" != "100 1000" ] && knobs+="BENCH_KEDA_OBJECTS=\"$OBJECTS\" "
