@@ -25,7 +25,7 @@
 #   BENCH_KEDA_SECTION=bench-keda   the markers in BENCH_DOC it goes between
 #   KEDA_OPERATOR_ARGS              more arguments for KEDA's operator
 #                                   (scripts/controlplane.sh), e.g. its API
-#                                   client's "--kube-api-qps 200 --kube-api-burst 2000"
+#                                   client's "--kube-api-qps 200 --kube-api-burst 1000"
 #   BENCH_KEEP=1                    keep the work directory
 set -euo pipefail
 cd "$(dirname "$0")/.."
