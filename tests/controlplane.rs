@@ -626,7 +626,14 @@ spec:
     eprintln!("scale-down window only, real HPA: {up:?} {down:?} {idle:?}");
     assert_eq!(up, vec![0, 1, 5, 10, 20], "the HPA's default scale-up");
     assert_eq!(down, vec![20, 5], "one step down, after both windows");
-    assert_eq!(idle, vec![5, 1, 0], "the HPA's minimum, then KEDA's zero");
+    // The HPA's step to its minimum (1) and KEDA's step to zero after the
+    // engine's cooldown race each other: 5 → 1 → 0 when the HPA's window
+    // ends first (the model's trajectory), 5 → 0 when KEDA's poll does.
+    // Never up, never a step below 5 but the HPA's minimum, and zero last.
+    assert!(
+        idle == vec![5, 1, 0] || idle == vec![5, 0],
+        "the HPA's minimum, then KEDA's zero: {idle:?}"
+    );
     assert_hoist_never_forbidden(plane);
     scene.hoist.stop().await.unwrap();
 }
