@@ -7,9 +7,9 @@
 # What it touches outside CONTROLPLANE_DIR, all of it undone by node_down:
 #   - the bridge NODE_BRIDGE (10.244.0.1/24, no uplink) and the pods' veths;
 #   - iptables and ip6tables: kube-proxy's and kubelet's KUBE-* chains,
-#     and one rule in mangle's FORWARD (comment "hoist-node") that drops
-#     anything from the bridge to any other interface: pods reach only each
-#     other, the host and Services;
+#     and two rules in mangle's FORWARD (comment "hoist-node") that drop
+#     anything between the bridge and any other interface: pods reach only
+#     each other, the host and Services;
 #   - net.ipv4.ip_forward (pod → Service → pod is routed by the host),
 #     restored to what it was;
 #   - cgroups `kubepods` in every v1 hierarchy (kubelet's cgroupfs driver);
@@ -29,6 +29,10 @@ NODE_HOST_IP="10.244.0.1"
 NODE_DNS_IP="10.0.0.10"
 NODE_CLUSTER_DOMAIN="cluster.local"
 NODE_CNI_BIN="/usr/lib/cni"
+# Forwarding between the bridge and any other interface, either way, is
+# dropped: pods reach each other, the host and Services, nothing else, and
+# nothing else reaches them.
+NODE_FORWARD_DROPS=("-i $NODE_BRIDGE ! -o $NODE_BRIDGE" "! -i $NODE_BRIDGE -o $NODE_BRIDGE")
 source "$ROOT/scripts/node-images.sh"
 # Paths outside CONTROLPLANE_DIR that kubelet, containerd's shims and the
 # CNI library write to whatever their configuration says.
@@ -81,7 +85,10 @@ node_network_up() {
   # which runs before filter's, where kube-proxy and kubelet put their
   # ACCEPTs first.
   for ipt in iptables ip6tables; do
-    "$ipt" -w -t mangle -I FORWARD -i "$NODE_BRIDGE" ! -o "$NODE_BRIDGE" -m comment --comment hoist-node -j DROP
+    for rule in "${NODE_FORWARD_DROPS[@]}"; do
+      # shellcheck disable=SC2086 # a rule is words
+      "$ipt" -w -t mangle -I FORWARD $rule -m comment --comment hoist-node -j DROP
+    done
   done
   echo 1 >/proc/sys/net/ipv4/ip_forward
 }
@@ -436,10 +443,13 @@ node_unmount_all() {
 node_iptables_clean() {
   local ipt table chain rule
   for ipt in iptables ip6tables; do
-    while "$ipt" -w -t mangle -D FORWARD -i "$NODE_BRIDGE" ! -o "$NODE_BRIDGE" -m comment --comment hoist-node -j DROP 2>/dev/null; do :; done
+    for rule in "${NODE_FORWARD_DROPS[@]}"; do
+      # shellcheck disable=SC2086 # a rule is words
+      while "$ipt" -w -t mangle -D FORWARD $rule -m comment --comment hoist-node -j DROP 2>/dev/null; do :; done
+    done
     for table in filter nat mangle raw; do
       # Rules in built-in chains that jump to KUBE-* chains first.
-      "$ipt-save" -t "$table" 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | grep -vE '^-A KUBE-' |
+      { "$ipt-save" -t "$table" 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | grep -vE '^-A KUBE-' || true; } |
         while read -r rule; do
           eval "\"\$ipt\" -w -t \"\$table\" -D ${rule#-A }" 2>/dev/null || true
         done
