@@ -155,16 +155,14 @@ version = 4
 root = '$d/containerd/root'
 state = '$d/containerd/state'
 
-[grpc]
-  address = '$d/containerd.sock'
-
-[ttrpc]
-  address = '$d/containerd.sock.ttrpc'
-
 [debug]
   level = 'info'
 
 [plugins]
+  [plugins.'io.containerd.server.v1.grpc']
+    address = '$d/containerd.sock'
+  [plugins.'io.containerd.server.v1.ttrpc']
+    address = '$d/containerd.sock.ttrpc'
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = 'overlayfs'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
