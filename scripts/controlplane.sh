@@ -332,7 +332,7 @@ up() {
   # server listens on and advertises the host's address on the pod bridge,
   # where pods (and the `kubernetes` Service's endpoint) reach it.
   APISERVER_HOST=127.0.0.1
-  local apiserver_args=(--endpoint-reconciler-type none)
+  local apiserver_args=(--endpoint-reconciler-type none) authorization_mode=RBAC
   local controllers="deployment-controller,replicaset-controller,horizontal-pod-autoscaler-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller"
   if node_enabled; then
     node_pki
@@ -340,9 +340,12 @@ up() {
     node_apiserver_args
     APISERVER_HOST="$NODE_HOST_IP"
     apiserver_args=("${NODE_APISERVER_ARGS[@]}")
-    # Services' EndpointSlices, and the kube-root-ca.crt ConfigMap every
-    # pod's ServiceAccount token volume mounts.
-    controllers+=",endpointslice-controller,root-ca-certificate-publisher-controller"
+    # kubelet's own requests: the Node authorizer, before RBAC.
+    authorization_mode=Node,RBAC
+    # Services' EndpointSlices, the kube-root-ca.crt ConfigMap every pod's
+    # ServiceAccount token volume mounts, and the node lifecycle (it lifts
+    # the not-ready taint kubelet registers the node with).
+    controllers+=",endpointslice-controller,root-ca-certificate-publisher-controller,node-lifecycle-controller"
   fi
 
   local etcd_port etcd_peer_port
@@ -399,7 +402,7 @@ EOF
     --bind-address "$APISERVER_HOST" --advertise-address "$APISERVER_HOST" --secure-port "$APISERVER_PORT" \
     "${apiserver_args[@]}" \
     --service-cluster-ip-range 10.0.0.0/24 \
-    --authorization-mode RBAC \
+    --authorization-mode "$authorization_mode" \
     --client-ca-file "$DIR/pki/ca.crt" \
     --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
     --service-account-issuer https://kubernetes.default.svc \

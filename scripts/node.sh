@@ -105,13 +105,12 @@ node_pki() {
   cert coredns coredns "" "" ca
 }
 
-# More API server arguments for the node: kubelets authorized by the Node
-# authorizer, the API server authenticating to kubelets with its own
+# More API server arguments for the node (with --authorization-mode
+# Node,RBAC: kubelets authorized by the Node authorizer): the API server authenticating to kubelets with its own
 # certificate and reaching them by InternalIP (the node's name does not
 # resolve).
 node_apiserver_args() {
   NODE_APISERVER_ARGS=(
-    --authorization-mode Node,RBAC
     --enable-admission-plugins NodeRestriction
     --kubelet-client-certificate "$DIR/pki/apiserver-kubelet-client.crt"
     --kubelet-client-key "$DIR/pki/apiserver-kubelet-client.key"
@@ -376,6 +375,12 @@ node_up() {
   node_dns_up
   node_kubelet_up
   k_retry wait --for condition=Ready --timeout 120s "node/$NODE_NAME" >/dev/null
+  # Schedulable once the node lifecycle controller lifted the not-ready taint.
+  local deadline=$((SECONDS + 60))
+  until [ -z "$(k get node "$NODE_NAME" -o jsonpath='{.spec.taints}')" ]; do
+    [ $SECONDS -lt $deadline ] || fail "node $NODE_NAME still tainted: $(k get node "$NODE_NAME" -o jsonpath='{.spec.taints}')"
+    sleep 0.5
+  done
   say "node $NODE_NAME Ready ($NODE_POD_CIDR on $NODE_BRIDGE; images: ${NODE_IMAGES[*]})"
 }
 
