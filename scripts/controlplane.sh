@@ -8,19 +8,34 @@
 #   scripts/controlplane.sh down     # stops exactly what `up` started
 #   scripts/controlplane.sh restart kube-apiserver   # one component again
 #   scripts/controlplane.sh versions # "Kubernetes v1.36.5, KEDA v2.21.0"
+#   CONTROLPLANE_NODE=1 scripts/controlplane.sh up   # with a node: pods run
+#   scripts/controlplane.sh images   # the node's images: builds and imports
+#                                    # those missing, prints their names
 #
 # What runs: etcd, kube-apiserver (RBAC, ServiceAccount tokens and
 # TokenReview, an admin client certificate, the front-proxy CA for the
 # aggregated APIs), kube-controller-manager (deployment, replicaset,
 # horizontal-pod-autoscaler, garbage-collector, namespace and
 # serviceaccount controllers), KEDA's CRDs, KEDA's operator and KEDA's
-# metrics adapter (serving external.metrics.k8s.io to the HPA). There is
-# no kubelet and no scheduler: pods stay Pending.
+# metrics adapter (serving external.metrics.k8s.io to the HPA). By default
+# there is no kubelet and no scheduler: pods stay Pending, and everything
+# listens on loopback only.
+#
+# The node is opt-in (CONTROLPLANE_NODE=1; needs root): containerd 2 with
+# Debian's runc and CNI plugins (a bridge with no uplink), kubelet,
+# kube-proxy (iptables), kube-scheduler and CoreDNS, as host processes,
+# and the images its pods run (localhost/{pause,redis,hoist,keda-operator,
+# keda-adapter}:test) built here with buildah and imported into containerd.
+# The API server then listens on the bridge's host address instead of
+# loopback. What it touches on the machine and how `down` undoes it:
+# scripts/node.sh's header.
 #
 # Where it comes from: each component is built from its published Go
 # module by the wrapper modules in tools/ (go.mod, go.sum and tool lines,
 # nothing else): tools/kubernetes (k8s.io/kubernetes and
-# go.etcd.io/etcd/server/v3) and tools/keda (github.com/kedacore/keda/v2).
+# go.etcd.io/etcd/server/v3), tools/keda (github.com/kedacore/keda/v2),
+# tools/containerd (github.com/containerd/containerd/v2) and tools/coredns
+# (github.com/coredns/coredns).
 # Go's own caches (GOCACHE, GOMODCACHE under the home directory) are kept,
 # so a second build, also from a fresh clone, only links.
 #
@@ -33,6 +48,10 @@
 #                        when that process ends (the test binary's own)
 #   KEDA_OPERATOR_ARGS   more arguments for KEDA's operator, e.g.
 #                        "--kube-api-qps 100 --kube-api-burst 150"
+#   CONTROLPLANE_NODE    1: `up` also starts the node (default 0)
+#   HOIST_IMAGE_BINARY   the hoist binary localhost/hoist:test ships, with
+#                        the hoist-load beside it (default target/debug/hoist,
+#                        built when missing)
 #   CONTROLPLANE_VERSIONS  `current` (default): KEDA v2.21.0 on Kubernetes
 #                        v1.36.5, from tools/kubernetes and tools/keda;
 #                        `previous`: KEDA v2.20.2 on Kubernetes v1.35.4, from
@@ -41,6 +60,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 source scripts/services.sh
+source scripts/node.sh
 
 case "${CONTROLPLANE_VERSIONS:-current}" in
   current)
@@ -95,9 +115,15 @@ build_kubernetes() {
   local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION"
   ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$KUBERNETES_MINOR"
   ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
-  say "building kube-apiserver, kube-controller-manager and etcd $KUBERNETES_VERSION ($TOOLS/kubernetes)"
-  go -C "$TOOLS/kubernetes" build -trimpath -ldflags "$ldflags" -o "$BIN/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+  # One invocation for every k8s.io/kubernetes binary: they share most
+  # packages, and one `go build` compiles each of those once.
+  say "building Kubernetes $KUBERNETES_VERSION's binaries and etcd ($TOOLS/kubernetes)"
+  local commands=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
+  # The node's binaries, where the wrapper names them (not the previous pair).
+  if grep -q 'k8s.io/kubernetes/cmd/kubelet$' "$TOOLS/kubernetes/go.mod"; then
+    commands+=(k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+  fi
+  go -C "$TOOLS/kubernetes" build -trimpath -ldflags "$ldflags" -o "$BIN/" "${commands[@]}"
   go -C "$TOOLS/kubernetes" build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
 }
 
@@ -114,9 +140,27 @@ build_keda() {
   chmod -R u+w "$BIN/keda-crds"
 }
 
+build_containerd() {
+  say "building containerd, its runc shim and ctr ($TOOLS/containerd)"
+  go -C "$TOOLS/containerd" build -trimpath -ldflags "-s -w" -o "$BIN/" \
+    github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr
+}
+
+build_coredns() {
+  say "building CoreDNS ($TOOLS/coredns)"
+  go -C "$TOOLS/coredns" build -trimpath -ldflags "-s -w" -o "$BIN/coredns" github.com/coredns/coredns
+}
+
 build() {
   build_module kubernetes build_kubernetes
   build_module keda build_keda
+  # The node's own modules (the current versions only).
+  if [ -d "$TOOLS/containerd" ]; then
+    build_module containerd build_containerd
+    build_module coredns build_coredns
+  fi
 }
 
 # A free loopback port, held by no one when this returns.
@@ -155,7 +199,7 @@ pki() {
   ca front-proxy-ca "hoist-test-front-proxy-ca"
   ca keda-ca "KEDA"
   cert apiserver kube-apiserver "" \
-    "IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" ca
+    "IP:127.0.0.1,IP:10.0.0.1,IP:$NODE_HOST_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc" ca
   cert admin admin system:masters "" ca
   cert controller-manager system:kube-controller-manager "" "" ca
   cert front-proxy-client front-proxy-client "" "" front-proxy-ca
@@ -179,7 +223,7 @@ kind: Config
 clusters:
 - name: hoist-test
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: https://$APISERVER_HOST:$APISERVER_PORT
     certificate-authority: $DIR/pki/ca.crt
 users:
 - name: $user
@@ -273,11 +317,36 @@ up() {
   fi
   KUBECTL="$(command -v kubectl || true)"
   [ -n "$KUBECTL" ] || fail "kubectl is needed (scripts/layer-tool.sh kubectl)"
+  if node_enabled; then
+    node_deps
+    node_preflight
+  fi
+  # A node left from an earlier run: its mounts must go before its files.
+  node_down
   rm -rf "$DIR"
   mkdir -p "$DIR/logs" "$DIR/pids" "$DIR/commands" "$DIR/etcd" "$DIR/keda-ca-dirs"
   # A failed `up` leaves nothing running.
   trap 'status=$?; [ $status -eq 0 ] || { say "up failed: stopping what it started"; down; }' EXIT
   pki
+  # Without the node, everything listens on loopback. With it, the API
+  # server listens on and advertises the host's address on the pod bridge,
+  # where pods (and the `kubernetes` Service's endpoint) reach it.
+  APISERVER_HOST=127.0.0.1
+  local apiserver_args=(--endpoint-reconciler-type none) authorization_mode=RBAC
+  local controllers="deployment-controller,replicaset-controller,horizontal-pod-autoscaler-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller"
+  if node_enabled; then
+    node_pki
+    node_network_up
+    node_apiserver_args
+    APISERVER_HOST="$NODE_HOST_IP"
+    apiserver_args=("${NODE_APISERVER_ARGS[@]}")
+    # kubelet's own requests: the Node authorizer, before RBAC.
+    authorization_mode=Node,RBAC
+    # Services' EndpointSlices, the kube-root-ca.crt ConfigMap every pod's
+    # ServiceAccount token volume mounts, and the node lifecycle (it lifts
+    # the not-ready taint kubelet registers the node with).
+    controllers+=",endpointslice-controller,root-ca-certificate-publisher-controller,node-lifecycle-controller"
+  fi
 
   local etcd_port etcd_peer_port
   etcd_port="$(free_port)"
@@ -291,7 +360,7 @@ up() {
   operator_probe_port="$(free_port)"
   cat >"$DIR/ports.env" <<EOF
 ETCD=http://127.0.0.1:$etcd_port
-APISERVER=https://127.0.0.1:$APISERVER_PORT
+APISERVER=https://$APISERVER_HOST:$APISERVER_PORT
 KEDA_ADAPTER=https://127.0.0.1:$adapter_port
 KEDA_OPERATOR_METRICS=http://127.0.0.1:$operator_metrics_port
 EOF
@@ -345,10 +414,10 @@ EOF
   kubeconfig "$DIR/controller-manager.kubeconfig" controller-manager
   start kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
-    --endpoint-reconciler-type none \
+    --bind-address "$APISERVER_HOST" --advertise-address "$APISERVER_HOST" --secure-port "$APISERVER_PORT" \
+    "${apiserver_args[@]}" \
     --service-cluster-ip-range 10.0.0.0/24 \
-    --authorization-mode RBAC \
+    --authorization-mode "$authorization_mode" \
     --client-ca-file "$DIR/pki/ca.crt" \
     --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
     --service-account-issuer https://kubernetes.default.svc \
@@ -375,7 +444,7 @@ EOF
     --leader-elect=false \
     --use-service-account-credentials=true \
     --root-ca-file "$DIR/pki/ca.crt" \
-    --controllers deployment-controller,replicaset-controller,horizontal-pod-autoscaler-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller \
+    --controllers "$controllers" \
     --horizontal-pod-autoscaler-sync-period "$HPA_SYNC_PERIOD" \
     --concurrent-horizontal-pod-autoscaler-syncs 5
 
@@ -447,6 +516,8 @@ EOF
     --zap-log-level info --zap-encoder console
   wait_for keda-adapter 90 k get --raw /apis/external.metrics.k8s.io/v1beta1
 
+  node_enabled && node_up
+
   if [ -n "${CONTROLPLANE_PARENT:-}" ]; then
     watch_parent "$CONTROLPLANE_PARENT" "$ROOT/scripts/controlplane.sh" CONTROLPLANE_DIR "$DIR"
   fi
@@ -455,11 +526,22 @@ EOF
 }
 
 down() {
+  # The node first: its containers, mounts, cgroups, iptables chains and
+  # interfaces (scripts/node.sh).
+  node_down
   [ -d "$DIR/pids" ] || return 0
   # Newest first: KEDA before the API server, the API server before etcd.
   for name in keda-adapter keda-operator kube-controller-manager kube-apiserver etcd; do
     stop "$name"
   done
+}
+
+# images: builds the node's images that are missing, imports into the
+# node's containerd those it lacks, and prints their names.
+images() {
+  running containerd || fail "no node up from $DIR (CONTROLPLANE_NODE=1 scripts/controlplane.sh up)"
+  node_images_import
+  printf '%s\n' "${NODE_IMAGES[@]}"
 }
 
 versions() {
@@ -472,8 +554,9 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   restart) restart "${2:-}" ;;
+  images) images ;;
   *)
-    echo "usage: scripts/controlplane.sh build|up|down|versions|restart COMPONENT" >&2
+    echo "usage: scripts/controlplane.sh build|up|down|versions|images|restart COMPONENT" >&2
     exit 2
     ;;
 esac

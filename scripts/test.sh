@@ -2,8 +2,8 @@
 # The test command: installs what the suite needs on a fresh machine
 # (build tools for librdkafka, redis-server and redis-cli, buildah and
 # promtool from Debian, kubernetes-validate from PyPI, helm and kubectl,
-# and the real Kubernetes control plane with KEDA built from their Go
-# modules, and a real Kafka broker's jars from Maven Central, when missing),
+# and the real Kubernetes control plane with KEDA and a node built from
+# their Go modules, and a real Kafka broker's jars from Maven Central, when missing),
 # then runs every test. Tests start their own redis-server processes on free
 # ports, a real Kafka broker (scripts/kafka.sh, once per test binary that
 # needs one) and, for injected faults only, Kafka's mock cluster in-process;
@@ -25,6 +25,11 @@ scripts/layer-tool.sh kubectl
 scripts/deps.sh openssl curl
 command -v go >/dev/null 2>&1 || scripts/deps.sh golang-go
 scripts/controlplane.sh build
+# For tests/node.rs: the control plane with a node (CONTROLPLANE_NODE=1):
+# containerd, kubelet, kube-proxy, kube-scheduler and CoreDNS, built by the
+# same `build`, and from Debian runc, the CNI plugins, iptables, conntrack
+# and what the node's images are built with (scripts/node.sh).
+scripts/deps.sh runc containernetworking-plugins iptables conntrack iproute2 util-linux libc6-dev
 # For tests/kafka.rs: a real Apache Kafka broker (KRaft), its jars fetched
 # by Maven from Maven Central into target/kafka/lib (tools/kafka/pom.xml),
 # run by Java 17 (scripts/kafka.sh).

@@ -35,6 +35,7 @@ pub struct ControlPlane {
 }
 
 static PLANE: OnceLock<ControlPlane> = OnceLock::new();
+static PLANE_WITH_NODE: OnceLock<ControlPlane> = OnceLock::new();
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -42,11 +43,18 @@ fn root() -> &'static Path {
 
 /// The control plane of this test binary, started on first use.
 pub fn control_plane() -> &'static ControlPlane {
-    PLANE.get_or_init(ControlPlane::start)
+    PLANE.get_or_init(|| ControlPlane::start(false))
+}
+
+/// The control plane of this test binary with a node (containerd,
+/// kubelet, kube-proxy, kube-scheduler, CoreDNS: `CONTROLPLANE_NODE=1`),
+/// started on first use; pods run.
+pub fn control_plane_with_node() -> &'static ControlPlane {
+    PLANE_WITH_NODE.get_or_init(|| ControlPlane::start(true))
 }
 
 impl ControlPlane {
-    fn start() -> Self {
+    fn start(node: bool) -> Self {
         let dir = root()
             .join("target/controlplane")
             .join(format!("run-{}", std::process::id()));
@@ -54,6 +62,10 @@ impl ControlPlane {
         let output = Command::new(root().join("scripts/controlplane.sh"))
             .arg("up")
             .env("CONTROLPLANE_DIR", &dir)
+            .env("CONTROLPLANE_NODE", if node { "1" } else { "0" })
+            // hoist's image (localhost/hoist:test) from the binaries Cargo
+            // built for this test run.
+            .env("HOIST_IMAGE_BINARY", env!("CARGO_BIN_EXE_hoist"))
             .env("CONTROLPLANE_PARENT", std::process::id().to_string())
             .env("HPA_SYNC_PERIOD", "1s")
             .stdin(Stdio::null())
