@@ -57,7 +57,13 @@ impl ControlPlane {
     fn start(node: bool) -> Self {
         let dir = root()
             .join("target/controlplane")
-            .join(format!("run-{}", std::process::id()));
+            // Its own directory per kind: a binary that started both
+            // would otherwise give two planes one directory.
+            .join(format!(
+                "run-{}{}",
+                std::process::id(),
+                if node { "-node" } else { "" }
+            ));
         let started = Instant::now();
         let output = Command::new(root().join("scripts/controlplane.sh"))
             .arg("up")
