@@ -20,6 +20,8 @@
 //!   interceptor (in process, or split replicas following the scaler).
 //! - `flood`: waves of connections through the interceptor, and the
 //!   proxy's RSS at each peak and after (is memory given back?).
+//! - `worker`: pops jobs from a Redis list and counts each done once (the
+//!   node's scenarios scale it).
 //! - `free-ports`, `report`: helpers for the script.
 
 mod bare_proxy;
@@ -37,6 +39,7 @@ mod route_follow;
 mod rpc;
 mod scale;
 mod upstream;
+mod worker;
 
 use clap::{Parser, Subcommand};
 
@@ -52,6 +55,7 @@ use route_follow::{RouteFollowArgs, route_follow};
 use rpc::{RpcArgs, rpc};
 use scale::{ScaleArgs, scale};
 use upstream::{UpstreamArgs, upstream};
+use worker::{WorkerArgs, worker};
 
 /// hoist-load: load generator and measuring helpers for scripts/bench.sh.
 #[derive(Parser)]
@@ -89,6 +93,9 @@ enum Command {
     RouteFollow(RouteFollowArgs),
     /// Waves of connections through the interceptor: is memory given back?
     Flood(FloodArgs),
+    /// Pops jobs from a Redis list one at a time and counts each finished
+    /// job once in `LIST:done` (SIGTERM ends it after the job in hand).
+    Worker(WorkerArgs),
     /// Prints N free loopback ports.
     FreePorts(FreePortsArgs),
     /// Renders collected results as Markdown into a document.
@@ -114,6 +121,7 @@ fn main() -> anyhow::Result<()> {
         Command::ColdStart(args) => runtime.block_on(cold_start(args)),
         Command::RouteFollow(args) => runtime.block_on(route_follow(args)),
         Command::Flood(args) => runtime.block_on(flood(args)),
+        Command::Worker(args) => runtime.block_on(worker(args)),
         Command::FreePorts(args) => free_ports(args),
         Command::Report(args) => report(args),
     }
