@@ -361,8 +361,6 @@ up() {
   cat >"$DIR/ports.env" <<EOF
 ETCD=http://127.0.0.1:$etcd_port
 APISERVER=https://$APISERVER_HOST:$APISERVER_PORT
-KEDA_ADAPTER=https://127.0.0.1:$adapter_port
-KEDA_OPERATOR_METRICS=http://127.0.0.1:$operator_metrics_port
 EOF
 
   start etcd "$BIN/etcd" --name controlplane --data-dir "$DIR/etcd" \
@@ -448,6 +446,31 @@ EOF
     --horizontal-pod-autoscaler-sync-period "$HPA_SYNC_PERIOD" \
     --concurrent-horizontal-pod-autoscaler-syncs 5
 
+  if node_enabled; then
+    # KEDA runs as pods, installed from its own manifests once the node is
+    # up (scripts/node-keda.sh).
+    node_up
+    node_keda_up
+  else
+    keda_host_up "$adapter_port" "$adapter_metrics_port" "$operator_grpc_port" "$operator_metrics_port" "$operator_probe_port"
+  fi
+
+  if [ -n "${CONTROLPLANE_PARENT:-}" ]; then
+    watch_parent "$CONTROLPLANE_PARENT" "$ROOT/scripts/controlplane.sh" CONTROLPLANE_DIR "$DIR"
+  fi
+  say "up: logs in $DIR/logs; stop with scripts/controlplane.sh down"
+  echo "$DIR/admin.kubeconfig"
+}
+
+# keda_host_up ADAPTER_PORT ADAPTER_METRICS_PORT OPERATOR_GRPC_PORT
+# OPERATOR_METRICS_PORT OPERATOR_PROBE_PORT: KEDA's operator and adapter
+# as host processes on loopback (the control plane without a node).
+keda_host_up() {
+  local adapter_port="$1" adapter_metrics_port="$2" operator_grpc_port="$3" operator_metrics_port="$4" operator_probe_port="$5"
+  cat >>"$DIR/ports.env" <<EOF
+KEDA_ADAPTER=https://127.0.0.1:$adapter_port
+KEDA_OPERATOR_METRICS=http://127.0.0.1:$operator_metrics_port
+EOF
   # KEDA: its namespace, its CRDs, and the aggregated external metrics
   # API. Endpoints refuse loopback addresses, so the APIService reaches the
   # adapter through an ExternalName Service (localhost); the adapter's
@@ -515,14 +538,6 @@ EOF
     --metrics-service-grpc-authority keda-operator.keda.svc \
     --zap-log-level info --zap-encoder console
   wait_for keda-adapter 90 k get --raw /apis/external.metrics.k8s.io/v1beta1
-
-  node_enabled && node_up
-
-  if [ -n "${CONTROLPLANE_PARENT:-}" ]; then
-    watch_parent "$CONTROLPLANE_PARENT" "$ROOT/scripts/controlplane.sh" CONTROLPLANE_DIR "$DIR"
-  fi
-  say "up: logs in $DIR/logs; stop with scripts/controlplane.sh down"
-  echo "$DIR/admin.kubeconfig"
 }
 
 down() {

@@ -80,13 +80,16 @@ redis_fill() {
     --cmd '["--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"]' "$container"
 }
 
+# keda_fill BINARY PATH ROOTFS CONTAINER: a KEDA image laid out as KEDA's
+# own (its Dockerfile: the binary at PATH, run as 65532), since KEDA's
+# manifests name the command (/keda, /keda-adapter).
 keda_fill() {
-  local binary="$1" rootfs="$2" container="$3"
+  local binary="$1" path="$2" rootfs="$3" container="$4"
   mkdir -p "$rootfs/etc/ssl/certs" || return 1
   base_files "$rootfs" || return 1
-  copy_binary "$rootfs" "$BIN/$binary" "/$binary" || return 1
+  copy_binary "$rootfs" "$BIN/$binary" "$path" || return 1
   install -m 0644 /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
-  b config --user 65532:65532 --entrypoint "[\"/$binary\"]" "$container"
+  b config --user 65532:65532 --entrypoint "[\"$path\"]" "$container"
 }
 
 # hoist's image is scripts/image.sh's, from HOIST_IMAGE_BINARY (default:
@@ -110,16 +113,27 @@ hoist_image() {
   echo "$stamp" >"$NODE_IMAGE_DIR/hoist.stamp"
 }
 
-# image_fresh NAME SOURCE: the archive exists and is newer than SOURCE.
-image_fresh() { [ -f "$(image_archive "$1")" ] && [ "$(image_archive "$1")" -nt "$2" ]; }
+# image_fresh NAME SOURCE...: the archive exists and is newer than every
+# SOURCE.
+image_fresh() {
+  local archive source
+  archive="$(image_archive "$1")"
+  shift
+  [ -f "$archive" ] || return 1
+  for source in "$@"; do
+    [ "$archive" -nt "$source" ] || return 1
+  done
+}
 
 # Builds the archives (under target/node-images) that are missing or
 # older than what they carry.
 node_images_build() {
   image_fresh pause "$ROOT/tools/kubernetes/go.sum" || image_build pause pause_fill
   image_fresh redis "$(command -v redis-server)" || image_build redis redis_fill
-  image_fresh keda-operator "$BIN/keda-operator" || image_build keda-operator keda_fill keda-operator
-  image_fresh keda-adapter "$BIN/keda-adapter" || image_build keda-adapter keda_fill keda-adapter
+  image_fresh keda-operator "$BIN/keda-operator" "$ROOT/scripts/node-images.sh" ||
+    image_build keda-operator keda_fill keda-operator /keda
+  image_fresh keda-adapter "$BIN/keda-adapter" "$ROOT/scripts/node-images.sh" ||
+    image_build keda-adapter keda_fill keda-adapter /keda-adapter
   hoist_image
 }
 

@@ -295,6 +295,23 @@ pub struct Overrides {
     pub log_level: Option<String>,
 }
 
+/// Whether `name` is one of the variables the kubelet gives every pod for
+/// each Service of its namespace (`enableServiceLinks`, on unless a pod
+/// says otherwise): a Service named `hoist-interceptor-proxy` becomes
+/// `HOIST_INTERCEPTOR_PROXY_SERVICE_HOST`, `HOIST_INTERCEPTOR_PROXY_PORT`,
+/// `HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP_ADDR` and so on, which are not
+/// hoist's settings and must not be refused as unknown ones. hoist's own
+/// variables for nested keys use `__`, which a Service name cannot hold.
+fn is_service_link(name: &str) -> bool {
+    static SERVICE_LINK: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(
+            "^HOIST(_[A-Z0-9_]+)?_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_[0-9]+_(TCP|UDP|SCTP)(_(ADDR|PORT|PROTO))?)?)$",
+        )
+        .expect("the pattern compiles")
+    });
+    !name.contains("__") && SERVICE_LINK.is_match(name)
+}
+
 impl Settings {
     /// Loads the layers: defaults, `file`, `HOIST_*` variables from `env`,
     /// then `overrides`. Nested keys in variables use `__`:
@@ -306,7 +323,7 @@ impl Settings {
     ) -> Result<Self, ConfigError> {
         let env: config::Map<String, String> = env
             .into_iter()
-            .filter(|(key, _)| key.starts_with("HOIST_"))
+            .filter(|(key, _)| key.starts_with("HOIST_") && !is_service_link(key))
             .collect();
         let mut builder =
             config::Config::builder().add_source(config::Config::try_from(&Settings::default())?);
@@ -576,6 +593,34 @@ mod tests {
             listed.interceptor.denied_networks,
             ["169.254.0.0/16", "self"]
         );
+    }
+
+    /// What the kubelet set in a hoist pod beside the Services `hoist`
+    /// (headless) and `hoist-interceptor-proxy` (found on the test node:
+    /// hoist refused to start with "unknown field
+    /// `interceptor_proxy_port_8080_tcp_addr`").
+    #[test]
+    fn kubernetes_service_links_are_not_settings_but_misspelt_settings_still_fail() {
+        let links = env(&[
+            ("HOIST_INTERCEPTOR_PROXY_SERVICE_HOST", "10.0.0.250"),
+            ("HOIST_INTERCEPTOR_PROXY_SERVICE_PORT", "8080"),
+            ("HOIST_INTERCEPTOR_PROXY_SERVICE_PORT_HTTP", "8080"),
+            ("HOIST_INTERCEPTOR_PROXY_PORT", "tcp://10.0.0.250:8080"),
+            ("HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP", "tcp://10.0.0.250:8080"),
+            ("HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP_ADDR", "10.0.0.250"),
+            ("HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP_PORT", "8080"),
+            ("HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP_PROTO", "tcp"),
+            ("HOIST_SERVICE_HOST", "10.0.0.9"),
+            ("HOIST_PORT_9090_TCP_ADDR", "10.0.0.9"),
+            ("HOIST_GRPC__LISTEN", "0.0.0.0:7070"),
+        ]);
+        let settings = Settings::load(None, links, &Overrides::default()).unwrap();
+        assert_eq!(settings.grpc.listen.port(), 7070, "hoist's own still read");
+
+        for misspelt in ["HOIST_GRPC_LISTEN", "HOIST_GRPC__PORT", "HOIST_PORT__GRPC"] {
+            let refused = Settings::load(None, env(&[(misspelt, "9")]), &Overrides::default());
+            assert!(refused.is_err(), "{misspelt} is refused");
+        }
     }
 
     #[test]
