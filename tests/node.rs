@@ -1,31 +1,50 @@
 //! Pods that run: the real control plane with a real node
 //! (`CONTROLPLANE_NODE=1 scripts/controlplane.sh up`: containerd 2 with
 //! runc and a bridge CNI, kubelet, kube-proxy in iptables mode,
-//! kube-scheduler and CoreDNS; see `support/controlplane.rs` and
-//! docs/CONTROLPLANE.md). A Redis pod from the image built here
-//! (`localhost/redis:test`) is scheduled, started and Ready; `kubectl logs`
-//! and `kubectl exec` reach it through the API server and kubelet with
-//! certificates only; another pod reaches it through its Service by DNS
-//! name. Then `down` must leave the machine as it found it.
+//! kube-scheduler and CoreDNS; KEDA's operator and metrics adapter as pods
+//! from KEDA's own manifests; see docs/CONTROLPLANE.md), with every image
+//! built here. hoist is installed by its chart, exactly as the README
+//! says, and scales real workers that drain a real Redis list and an HTTP
+//! app woken through its interceptor. At the end `down` must leave the
+//! machine as it found it.
+//!
+//! One test, its steps in order: they share one node (one per machine: it
+//! owns the pod bridge and kubelet's paths), the chart's release moves
+//! from step to step, and the last step takes the node down.
 
 #[path = "support/controlplane.rs"]
 mod controlplane;
+#[path = "node/machine.rs"]
+mod machine;
 mod support;
+#[path = "node/watch.rs"]
+mod watch;
 
-use std::collections::BTreeSet;
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
 
 use controlplane::{ControlPlane, control_plane_with_node};
+use machine::{MachineState, kube_chains, kubepods_cgroups, mounts_under};
+use watch::{ReplicaWatch, rises_then_falls};
 
-const NAMESPACE: &str = "smoke";
+const SMOKE: &str = "smoke";
+const DEMO: &str = "demo";
+/// The address every ScaledObject of the docs names.
+const HOIST_ADDRESS: &str = "hoist.keda.svc.cluster.local:9090";
+/// How long one worker's job takes.
+const JOB_MS: u64 = 400;
 
 /// A Redis pod of the image built here, Ready when it answers PING.
 fn redis_pod(name: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
-metadata: {{name: {name}, namespace: {NAMESPACE}, labels: {{app: {name}}}}}
+metadata: {{name: {name}, namespace: {SMOKE}, labels: {{app: {name}}}}}
 spec:
   containers:
   - name: redis
@@ -39,130 +58,319 @@ spec:
     )
 }
 
-/// A Service in front of the pods labelled `app: NAME`, on Redis' port.
-fn service(name: &str) -> String {
+/// The demo namespace's Redis (a Deployment and its Service) and the
+/// worker at zero: `hoist-load worker` from hoist's image.
+fn demo_workload() -> String {
     format!(
-        r#"apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: {NAMESPACE}}}
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: redis, namespace: {DEMO}}}
 spec:
-  selector: {{app: {name}}}
-  ports: [{{port: 6379, targetPort: 6379}}]
+  selector: {{matchLabels: {{app: redis}}}}
+  template:
+    metadata: {{labels: {{app: redis}}}}
+    spec:
+      containers:
+      - name: redis
+        image: localhost/redis:test
+        imagePullPolicy: Never
+        ports: [{{containerPort: 6379}}]
+        readinessProbe: {{exec: {{command: [redis-cli, ping]}}, periodSeconds: 1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: redis, namespace: {DEMO}}}
+spec:
+  selector: {{app: redis}}
+  ports: [{{port: 6379}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: worker, namespace: {DEMO}}}
+spec:
+  replicas: 0
+  selector: {{matchLabels: {{app: worker}}}}
+  template:
+    metadata: {{labels: {{app: worker}}}}
+    spec:
+      containers:
+      - name: worker
+        image: localhost/hoist:test
+        imagePullPolicy: Never
+        command: [hoist-load, --threads, "1", worker, --redis, "redis.{DEMO}.svc.cluster.local:6379", --list, jobs, --job-ms, "{JOB_MS}"]
 "#
     )
 }
 
-/// What the node may leave on the machine, to compare before and after.
-#[derive(Debug, PartialEq, Eq)]
-struct MachineState {
-    netns: BTreeSet<String>,
-    ip_forward: String,
-    links: BTreeSet<String>,
+/// The worker's ScaledObject: five jobs per replica, at most 8. In engine
+/// mode hoist decides with ACA's step-up and a 20 s cooldown (the
+/// walkthrough's ScaledObject); in passthrough KEDA's HPA does.
+fn worker_scaled_object(engine: bool) -> String {
+    let mode = if engine {
+        "scalingMode: engine\n      cooldownPeriod: \"20\"\n      behavior: none"
+    } else {
+        "scalingMode: passthrough"
+    };
+    format!(
+        r#"apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: worker, namespace: {DEMO}}}
+spec:
+  scaleTargetRef: {{name: worker}}
+  pollingInterval: 5
+  minReplicaCount: 0
+  maxReplicaCount: 8
+  cooldownPeriod: {cooldown}
+  advanced:
+    horizontalPodAutoscalerConfig:
+      behavior:
+        scaleUp:
+          stabilizationWindowSeconds: 0
+          policies: [{{type: Percent, value: 1000, periodSeconds: 5}}]
+        scaleDown:
+          stabilizationWindowSeconds: 0
+          policies: [{{type: Percent, value: 100, periodSeconds: 5}}]
+  triggers:
+  - type: external-push
+    metadata:
+      scalerAddress: {HOIST_ADDRESS}
+      scaler: redis
+      address: redis.{DEMO}.svc.cluster.local:6379
+      listName: jobs
+      listLength: "5"
+      {mode}
+"#,
+        cooldown = if engine { 0 } else { 10 },
+    )
 }
 
-impl MachineState {
-    fn read() -> Self {
-        Self {
-            netns: lines(&run("ip", &["netns", "list"]))
-                .map(|line| line.split_whitespace().next().unwrap_or("").to_string())
-                .collect(),
-            ip_forward: std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
-                .unwrap()
-                .trim()
-                .to_string(),
-            links: lines(&run("ip", &["-o", "link", "show"]))
-                .filter_map(|line| {
-                    let name = line.split(": ").nth(1)?;
-                    Some(name.split('@').next().unwrap_or(name).to_string())
-                })
-                .collect(),
-        }
-    }
+/// An HTTP app at zero (`hoist-load upstream`), its Service, and the
+/// ScaledObject whose `http` trigger declares its route. `ready_after`:
+/// the readiness probe's initial delay (a slow app).
+fn web_app(name: &str, ready_after: u32) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {DEMO}}}
+spec:
+  replicas: 0
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      containers:
+      - name: web
+        image: localhost/hoist:test
+        imagePullPolicy: Never
+        command: [hoist-load, --threads, "1", upstream, --listen, "0.0.0.0:8080", --body, "hello from {name}"]
+        ports: [{{containerPort: 8080}}]
+        readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1, initialDelaySeconds: {ready_after}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {DEMO}}}
+spec:
+  selector: {{app: {name}}}
+  ports: [{{port: 8080}}]
+---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: {name}, namespace: {DEMO}}}
+spec:
+  scaleTargetRef: {{name: {name}}}
+  pollingInterval: 5
+  minReplicaCount: 0
+  maxReplicaCount: 5
+  cooldownPeriod: 10
+  triggers:
+  - type: external-push
+    metadata:
+      scalerAddress: {HOIST_ADDRESS}
+      scaler: http
+      host: {name}.demo.example.com
+      upstream: {name}:8080
+      concurrentRequests: "10"
+"#
+    )
 }
 
-fn run(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program).args(args).output().unwrap();
-    assert!(
-        output.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
-}
+/// The values the walkthrough gives the chart for the HTTP app (with the
+/// images built here).
+const INTERCEPTOR_VALUES: &str = r#"interceptor:
+  mode: inProcess
+config:
+  interceptor:
+    allowed_hosts:
+      demo: ["*.demo.example.com"]
+"#;
 
-fn lines(text: &str) -> impl Iterator<Item = String> + '_ {
-    text.lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(str::to_string)
-}
-
-/// Every mount at or below `dir`.
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let dir = dir.to_str().unwrap();
-    lines(&run("findmnt", &["-rn", "-o", "TARGET"]))
-        .filter(|target| target.starts_with(dir))
-        .collect()
-}
-
-/// Every KUBE-* chain in iptables and ip6tables.
-fn kube_chains() -> Vec<String> {
-    ["iptables-save", "ip6tables-save"]
-        .iter()
-        .flat_map(|save| {
-            lines(&run(save, &[]))
-                .filter(|line| line.starts_with(":KUBE-"))
-                .map(|line| format!("{save}: {line}"))
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
-/// Every directory named `kubepods` in any cgroup hierarchy.
-fn kubepods_cgroups() -> Vec<String> {
-    let mut found = Vec::new();
-    let mut stack = vec![(Path::new("/sys/fs/cgroup").to_path_buf(), 0)];
-    while let Some((dir, depth)) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
-                continue;
-            }
-            if entry.file_name() == "kubepods" {
-                found.push(path.display().to_string());
-            } else if depth < 3 {
-                stack.push((path, depth + 1));
-            }
-        }
-    }
-    found
-}
-
-fn wait_ready(plane: &ControlPlane, pod: &str) {
+fn wait_ready(plane: &ControlPlane, namespace: &str, what: &str) {
     let output = plane.kubectl(&[
         "wait",
         "-n",
-        NAMESPACE,
+        namespace,
         "--for=condition=Ready",
         "--timeout=180s",
-        &format!("pod/{pod}"),
+        what,
     ]);
     assert!(
         output.status.success(),
-        "pod {pod} not Ready: {}\n{}\nkubelet: {}",
+        "{what} not Ready: {}\n{}\nkubelet: {}",
         String::from_utf8_lossy(&output.stderr),
-        plane.must(&["describe", "pod", "-n", NAMESPACE, pod]),
+        plane.must(&["get", "pods", "-A", "-o", "wide"]),
         plane.log_tail("kubelet", 30)
     );
 }
 
-#[test]
-fn a_redis_pod_runs_answers_through_its_service_by_name_and_down_leaves_nothing() {
+fn rollout(plane: &ControlPlane, namespace: &str, deployment: &str) {
+    let output = plane.kubectl(&[
+        "rollout",
+        "status",
+        "-n",
+        namespace,
+        &format!("deployment/{deployment}"),
+        "--timeout=240s",
+    ]);
+    assert!(
+        output.status.success(),
+        "{deployment} not rolled out: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        plane.must(&["get", "pods", "-n", namespace, "-o", "wide"])
+    );
+}
+
+/// A ScaledObject KEDA has set up (its HPA made, `Ready` true).
+fn wait_scaled_object_ready(plane: &ControlPlane, name: &str) {
+    let output = plane.kubectl(&[
+        "wait",
+        "-n",
+        DEMO,
+        "--for=condition=Ready",
+        "--timeout=120s",
+        &format!("scaledobject/{name}"),
+    ]);
+    assert!(
+        output.status.success(),
+        "ScaledObject {name} not Ready: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        plane.must(&["describe", "scaledobject", "-n", DEMO, name])
+    );
+}
+
+fn cluster_ip(plane: &ControlPlane, namespace: &str, service: &str) -> String {
+    plane.must(&[
+        "get",
+        "service",
+        "-n",
+        namespace,
+        service,
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])
+}
+
+/// The demo Redis, reached from the host through its Service's ClusterIP
+/// (kube-proxy's rules apply to the host's own connections too).
+fn demo_redis(plane: &ControlPlane) -> redis::Connection {
+    let ip = cluster_ip(plane, DEMO, "redis");
+    redis::Client::open(format!("redis://{ip}:6379/"))
+        .unwrap()
+        .get_connection()
+        .expect("the demo Redis through its Service")
+}
+
+fn counter(redis: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("GET")
+        .arg(key)
+        .query::<Option<i64>>(redis)
+        .unwrap()
+        .unwrap_or(0)
+}
+
+/// Pushes `count` jobs (unique payloads) after clearing the counters.
+fn push_jobs(redis: &mut redis::Connection, count: usize) {
+    let _: () = redis::cmd("DEL")
+        .arg(&["jobs", "jobs:done", "jobs:finished"][..])
+        .query(redis)
+        .unwrap();
+    let jobs: Vec<String> = (1..=count).map(|n| format!("job-{n}")).collect();
+    let _: () = redis::cmd("RPUSH")
+        .arg("jobs")
+        .arg(jobs)
+        .query(redis)
+        .unwrap();
+}
+
+/// One HTTP/1.1 request to `address` for `host`: status line and body,
+/// and how long the answer took.
+fn get(address: &str, host: &str) -> (String, Duration) {
+    let started = Instant::now();
+    let mut stream = std::net::TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    write!(
+        stream,
+        "GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    (answer, started.elapsed())
+}
+
+/// Seconds from a pod's creation to its Ready condition (the API's
+/// one-second timestamps).
+fn created_to_ready(plane: &ControlPlane, app: &str) -> i64 {
+    let times = plane.must(&[
+        "get",
+        "pods",
+        "-n",
+        DEMO,
+        "-l",
+        &format!("app={app}"),
+        "-o",
+        r#"jsonpath={.items[0].metadata.creationTimestamp} {.items[0].status.conditions[?(@.type=="Ready")].lastTransitionTime}"#,
+    ]);
+    let parse = |text: &str| {
+        let time = text.trim_end_matches('Z');
+        let (date, clock) = time.split_once('T').unwrap();
+        let [h, m, s]: [i64; 3] = clock
+            .split(':')
+            .map(|part| part.parse().unwrap())
+            .collect::<Vec<_>>()
+            .try_into()
+            .unwrap();
+        (date.to_string(), h * 3600 + m * 60 + s)
+    };
+    let mut parts = times.split_whitespace();
+    let (created_day, created) = parse(parts.next().expect("created"));
+    let (ready_day, ready) = parse(parts.next().expect("Ready"));
+    assert_eq!(created_day, ready_day, "no midnight in between: {times}");
+    ready - created
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hoist_keda_and_workloads_run_as_pods_on_a_real_node() {
     let before = MachineState::read();
     let plane = control_plane_with_node();
+    let client = plane.client().await;
+    let demo_deployments: Api<Deployment> = Api::namespaced(client.clone(), DEMO);
 
+    the_node_is_ready_and_keda_runs_as_pods(plane);
+    a_redis_pod_answers_by_name_logs_and_exec(plane);
+    hoist_installs_by_its_chart(plane);
+    plane.namespace(DEMO);
+    plane.apply(&demo_workload());
+    rollout(plane, DEMO, "redis");
+    engine_mode_workers_drain_the_queue_and_go_back_to_zero(plane, &demo_deployments).await;
+    keda_hpa_scales_the_same_workers_in_passthrough(plane, &demo_deployments).await;
+    an_http_app_at_zero_is_woken_through_the_interceptor(plane, &demo_deployments).await;
+    a_hoist_pod_deleted_mid_climb_loses_no_capacity(plane, &demo_deployments).await;
+    down_leaves_the_machine_as_it_was(plane, before);
+}
+
+fn the_node_is_ready_and_keda_runs_as_pods(plane: &ControlPlane) {
     let ready = plane.must(&[
         "get",
         "node",
@@ -171,21 +379,44 @@ fn a_redis_pod_runs_answers_through_its_service_by_name_and_down_leaves_nothing(
         r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
     ]);
     assert_eq!(ready, "True", "the node is Ready");
+    let keda = plane.must(&[
+        "get",
+        "pods",
+        "-n",
+        "keda",
+        "-o",
+        r#"jsonpath={range .items[*]}{.spec.containers[0].image} {.status.phase}{"\n"}{end}"#,
+    ]);
+    for image in [
+        "localhost/keda-operator:test",
+        "localhost/keda-adapter:test",
+    ] {
+        assert!(
+            keda.lines().any(|line| line == format!("{image} Running")),
+            "KEDA's {image} runs as a pod: {keda}"
+        );
+    }
+    // The aggregated API reaches the adapter's pod through its Service.
+    plane.must(&["get", "--raw", "/apis/external.metrics.k8s.io/v1beta1"]);
+}
 
-    plane.namespace(NAMESPACE);
+fn a_redis_pod_answers_by_name_logs_and_exec(plane: &ControlPlane) {
+    plane.namespace(SMOKE);
     plane.apply(&format!(
         "{}---\n{}---\n{}",
         redis_pod("redis"),
         redis_pod("client"),
-        service("redis")
+        format_args!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: redis, namespace: {SMOKE}}}\nspec:\n  selector: {{app: redis}}\n  ports: [{{port: 6379, targetPort: 6379}}]\n"
+        )
     ));
-    wait_ready(plane, "redis");
-    wait_ready(plane, "client");
+    wait_ready(plane, SMOKE, "pod/redis");
+    wait_ready(plane, SMOKE, "pod/client");
     let phase = plane.must(&[
         "get",
         "pod",
         "-n",
-        NAMESPACE,
+        SMOKE,
         "redis",
         "-o",
         "jsonpath={.status.phase} {.status.podIP}",
@@ -194,24 +425,22 @@ fn a_redis_pod_runs_answers_through_its_service_by_name_and_down_leaves_nothing(
         phase.starts_with("Running 10.244.0."),
         "running on the pod bridge: {phase}"
     );
-
     // Logs and exec go API server → kubelet (certificates both ways) →
     // containerd's stream server.
-    let logs = plane.must(&["logs", "-n", NAMESPACE, "redis"]);
+    let logs = plane.must(&["logs", "-n", SMOKE, "redis"]);
     assert!(
         logs.contains("Ready to accept connections"),
         "redis-server's log: {logs}"
     );
-    let pong = plane.must(&["exec", "-n", NAMESPACE, "redis", "--", "redis-cli", "ping"]);
+    let pong = plane.must(&["exec", "-n", SMOKE, "redis", "--", "redis-cli", "ping"]);
     assert_eq!(pong.trim(), "PONG");
-
     // From the other pod: cluster DNS names the Service, kube-proxy's
     // rules take its ClusterIP to the Redis pod.
-    let name = format!("redis.{NAMESPACE}.svc.cluster.local");
+    let name = format!("redis.{SMOKE}.svc.cluster.local");
     plane.must(&[
         "exec",
         "-n",
-        NAMESPACE,
+        SMOKE,
         "client",
         "--",
         "redis-cli",
@@ -224,7 +453,7 @@ fn a_redis_pod_runs_answers_through_its_service_by_name_and_down_leaves_nothing(
     let seen = plane.must(&[
         "exec",
         "-n",
-        NAMESPACE,
+        SMOKE,
         "redis",
         "--",
         "redis-cli",
@@ -236,8 +465,399 @@ fn a_redis_pod_runs_answers_through_its_service_by_name_and_down_leaves_nothing(
         "yes",
         "the write through {name} reached the Redis pod"
     );
+    plane.must(&["delete", "namespace", SMOKE, "--wait=false"]);
+}
 
-    // `down` stops and removes everything, and the machine is as before.
+/// The README's install, word for word but for the image built here.
+fn hoist_installs_by_its_chart(plane: &ControlPlane) {
+    let started = Instant::now();
+    plane.helm(&[
+        "install",
+        "hoist",
+        "deploy/helm/hoist",
+        "-n",
+        "keda",
+        "--set",
+        "image.repository=localhost/hoist",
+        "--set",
+        "image.tag=test",
+        "--set",
+        "image.pullPolicy=Never",
+    ]);
+    rollout(plane, "keda", "hoist");
+    eprintln!(
+        "node: hoist installed by its chart and Ready in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    // As the chart runs it: not root, a read-only root filesystem, every
+    // capability dropped, the state volume mounted.
+    let spec = plane.must(&[
+        "get",
+        "pods",
+        "-n",
+        "keda",
+        "-l",
+        "app.kubernetes.io/name=hoist",
+        "-o",
+        "jsonpath={.items[0].spec.securityContext.runAsNonRoot} {.items[0].spec.containers[0].securityContext.readOnlyRootFilesystem} {.items[0].spec.containers[0].securityContext.capabilities.drop} {.items[0].status.phase}",
+    ]);
+    assert_eq!(
+        spec, r#"true true ["ALL"] Running"#,
+        "hoist's pod as the chart runs it"
+    );
+    let logs = plane.must(&["logs", "-n", "keda", "deploy/hoist"]);
+    assert!(logs.contains("hoist is serving"), "hoist's log: {logs}");
+    // The walkthrough's `hoist status`, in the pod, with its projected
+    // token for the admin port.
+    let status = plane.must(&[
+        "exec",
+        "-n",
+        "keda",
+        "deploy/hoist",
+        "--",
+        "hoist",
+        "status",
+        "--token-file",
+        "/var/run/secrets/hoist-admin-token/token",
+    ]);
+    assert!(!status.trim().is_empty(), "hoist status answers");
+}
+
+async fn engine_mode_workers_drain_the_queue_and_go_back_to_zero(
+    plane: &ControlPlane,
+    deployments: &Api<Deployment>,
+) {
+    const JOBS: usize = 200;
+    plane.apply(&worker_scaled_object(true));
+    wait_scaled_object_ready(plane, "worker");
+    let mut redis = demo_redis(plane);
+    let watch = ReplicaWatch::start(deployments.clone(), "worker");
+    push_jobs(&mut redis, JOBS);
+    let pushed = watch.elapsed();
+    let drained = wait_for_jobs(&mut redis, JOBS, &watch, Duration::from_secs(240)).await - pushed;
+
+    // The work, done by several pods, each job once.
+    let logs = plane.must(&[
+        "logs",
+        "-n",
+        DEMO,
+        "-l",
+        "app=worker",
+        "--prefix",
+        "--tail=-1",
+        "--max-log-requests=10",
+    ]);
+    let pods_that_worked: std::collections::BTreeSet<&str> = logs
+        .lines()
+        .filter(|line| line.contains(" done ("))
+        .filter_map(|line| line.split(']').next())
+        .collect();
+    assert!(
+        pods_that_worked.len() >= 2,
+        "several workers' logs show jobs done: {pods_that_worked:?}"
+    );
+    watch
+        .wait(
+            Duration::from_secs(180),
+            "the worker back to zero",
+            |samples| {
+                samples
+                    .last()
+                    .is_some_and(|last| last.replicas == 0 && last.at > pushed + drained)
+            },
+        )
+        .await;
+    let trajectory = watch.trajectory();
+    let first = watch
+        .first(|sample| sample.ready >= 1)
+        .expect("a worker was Ready");
+    eprintln!(
+        "node: engine mode: replicas {trajectory:?}; {JOBS} jobs of {JOB_MS} ms drained in {drained:.1}s (ideal at 8 replicas from the start: {:.1}s); first worker Ready {:.1}s after the push; zero at {:.1}s",
+        JOBS as f64 * JOB_MS as f64 / 1000.0 / 8.0,
+        first.at - pushed,
+        watch.samples().last().unwrap().at - pushed,
+    );
+    assert!(
+        controlplane::visits(&trajectory, &[0, 1, 4, 8]),
+        "ACA's step-up 0 → 1 → 4 → 8: {trajectory:?}"
+    );
+    assert!(
+        trajectory.iter().all(|&replicas| replicas <= 8),
+        "{trajectory:?}"
+    );
+    assert!(
+        rises_then_falls(&trajectory),
+        "no oscillation: {trajectory:?}"
+    );
+    assert_eq!(counter(&mut redis, "jobs:done"), JOBS as i64);
+    let finished: i64 = redis::cmd("SCARD")
+        .arg("jobs:finished")
+        .query(&mut redis)
+        .unwrap();
+    assert_eq!(finished, JOBS as i64, "every job done exactly once");
+    plane.must(&["delete", "scaledobject", "-n", DEMO, "worker"]);
+}
+
+/// Waits until the workers have recorded `jobs` jobs; the time it
+/// happened, in the watch's seconds.
+async fn wait_for_jobs(
+    redis: &mut redis::Connection,
+    jobs: usize,
+    watch: &ReplicaWatch,
+    limit: Duration,
+) -> f64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let done = counter(redis, "jobs:done");
+        if done >= jobs as i64 {
+            return watch.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workers finished {done} of {jobs} jobs"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn keda_hpa_scales_the_same_workers_in_passthrough(
+    plane: &ControlPlane,
+    deployments: &Api<Deployment>,
+) {
+    const JOBS: usize = 200;
+    plane.apply(&worker_scaled_object(false));
+    wait_scaled_object_ready(plane, "worker");
+    let mut redis = demo_redis(plane);
+    let watch = ReplicaWatch::start(deployments.clone(), "worker");
+    push_jobs(&mut redis, JOBS);
+    let pushed = watch.elapsed();
+    let drained = wait_for_jobs(&mut redis, JOBS, &watch, Duration::from_secs(240)).await;
+    watch
+        .wait(
+            Duration::from_secs(180),
+            "the worker back to zero",
+            |samples| {
+                samples
+                    .last()
+                    .is_some_and(|last| last.replicas == 0 && last.at > drained)
+            },
+        )
+        .await;
+    let trajectory = watch.trajectory();
+    eprintln!(
+        "node: passthrough (KEDA's HPA decides): replicas {trajectory:?}; {JOBS} jobs drained in {:.1}s",
+        drained - pushed
+    );
+    assert!(
+        trajectory
+            .iter()
+            .max()
+            .is_some_and(|&most| most > 1 && most <= 8),
+        "the HPA scaled out within the maximum: {trajectory:?}"
+    );
+    assert_eq!(trajectory.first(), Some(&0));
+    assert_eq!(trajectory.last(), Some(&0));
+    assert_eq!(counter(&mut redis, "jobs:done"), JOBS as i64);
+    let finished: i64 = redis::cmd("SCARD")
+        .arg("jobs:finished")
+        .query(&mut redis)
+        .unwrap();
+    assert_eq!(finished, JOBS as i64, "every job done exactly once");
+}
+
+async fn an_http_app_at_zero_is_woken_through_the_interceptor(
+    plane: &ControlPlane,
+    deployments: &Api<Deployment>,
+) {
+    let values = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(values.path(), INTERCEPTOR_VALUES).unwrap();
+    plane.helm(&[
+        "upgrade",
+        "hoist",
+        "deploy/helm/hoist",
+        "-n",
+        "keda",
+        "--reuse-values",
+        "--values",
+        values.path().to_str().unwrap(),
+    ]);
+    rollout(plane, "keda", "hoist");
+    let proxy = format!(
+        "{}:8080",
+        cluster_ip(plane, "keda", "hoist-interceptor-proxy")
+    );
+
+    for (app, ready_after) in [("web", 0), ("slow", 5)] {
+        plane.apply(&web_app(app, ready_after));
+        wait_scaled_object_ready(plane, app);
+        let watch = ReplicaWatch::start(deployments.clone(), app);
+        let (answer, took) = get(&proxy, &format!("{app}.demo.example.com"));
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with(&format!("hello from {app}")),
+            "the first request to {app} at zero is held and answered: {answer}\n{}",
+            plane.must(&["logs", "-n", "keda", "deploy/hoist", "--tail=20"])
+        );
+        let pod_ready = created_to_ready(plane, app);
+        eprintln!(
+            "node: cold start through the interceptor ({app}, readiness delay {ready_after}s): request → answer {:.2}s; pod created → Ready {pod_ready}s",
+            took.as_secs_f64()
+        );
+        assert!(
+            took.as_secs() >= ready_after as u64,
+            "answered only once the pod was Ready ({took:?})"
+        );
+        watch
+            .wait(
+                Duration::from_secs(120),
+                &format!("{app} back to zero"),
+                |samples| {
+                    samples.len() > 1 && samples.last().is_some_and(|last| last.replicas == 0)
+                },
+            )
+            .await;
+        let trajectory = watch.trajectory();
+        assert_eq!(
+            trajectory,
+            [0, 1, 0],
+            "one request: one pod, no overshoot, no oscillation"
+        );
+    }
+
+    // `kubectl port-forward` to the interceptor, as the walkthrough has
+    // a user reach it.
+    let port = support::free_port();
+    let mut forward = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&plane.admin_kubeconfig)
+        .args(["port-forward", "-n", "keda", "svc/hoist-interceptor-proxy"])
+        .arg(format!("{port}:8080"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first_line = [0u8; 10];
+    forward
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first_line)
+        .unwrap();
+    let (answer, took) = get(&format!("127.0.0.1:{port}"), "web.demo.example.com");
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello from web"),
+        "through kubectl port-forward: {answer}"
+    );
+    eprintln!(
+        "node: through kubectl port-forward, web woken again: {:.2}s",
+        took.as_secs_f64()
+    );
+    for app in ["web", "slow"] {
+        plane.must(&["delete", "scaledobject", "-n", DEMO, app]);
+    }
+}
+
+/// Two hoist replicas behind the Service with the chart's PDB; KEDA
+/// activates the worker on a passthrough trigger and one hoist pod is
+/// deleted at once, so the HPA's climb happens while it is gone: the
+/// other answers, the count never drops while work remains, and the
+/// Deployment brings a new pod to Ready.
+async fn a_hoist_pod_deleted_mid_climb_loses_no_capacity(
+    plane: &ControlPlane,
+    deployments: &Api<Deployment>,
+) {
+    const JOBS: usize = 300;
+    plane.helm(&[
+        "upgrade",
+        "hoist",
+        "deploy/helm/hoist",
+        "-n",
+        "keda",
+        "--reuse-values",
+        "--set",
+        "replicas=2",
+        "--set",
+        "interceptor.mode=off",
+    ]);
+    rollout(plane, "keda", "hoist");
+    plane.must(&["get", "poddisruptionbudget", "-n", "keda", "hoist"]);
+    // hoist's pods that run and are not on their way out (a pod being
+    // deleted stays Running through its grace period).
+    let hoist_pods = || -> Vec<String> {
+        plane
+            .must(&[
+                "get",
+                "pods",
+                "-n",
+                "keda",
+                "-l",
+                "app.kubernetes.io/name=hoist",
+                "--field-selector",
+                "status.phase=Running",
+                "-o",
+                r#"jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}"#,
+            ])
+            .lines()
+            .filter_map(|line| match line.split_whitespace().collect::<Vec<_>>()[..] {
+                [name] => Some(name.to_string()),
+                _ => None,
+            })
+            .collect()
+    };
+    let before = hoist_pods();
+    assert_eq!(before.len(), 2, "two hoist replicas: {before:?}");
+
+    let mut redis = demo_redis(plane);
+    let watch = ReplicaWatch::start(deployments.clone(), "worker");
+    push_jobs(&mut redis, JOBS);
+    watch
+        .wait(Duration::from_secs(120), "the climb to begin", |samples| {
+            samples.iter().any(|sample| sample.replicas >= 1)
+        })
+        .await;
+    let deleted = &before[0];
+    plane.must(&["delete", "pod", "-n", "keda", deleted, "--wait=false"]);
+    let deleted_at = watch.elapsed();
+    let drained = wait_for_jobs(&mut redis, JOBS, &watch, Duration::from_secs(240)).await;
+    let during: Vec<i32> = watch
+        .samples()
+        .iter()
+        .filter(|sample| sample.at >= deleted_at && sample.at <= drained)
+        .map(|sample| sample.replicas)
+        .collect();
+    let at_deletion = watch
+        .samples()
+        .iter()
+        .rev()
+        .find(|sample| sample.at <= deleted_at)
+        .unwrap()
+        .replicas;
+    eprintln!(
+        "node: hoist pod {deleted} deleted at {at_deletion} replicas; while work remained the worker went {during:?}"
+    );
+    assert!(
+        during.iter().all(|&replicas| replicas >= at_deletion),
+        "the count held while a hoist pod was gone: {:?}",
+        watch.samples()
+    );
+    rollout(plane, "keda", "hoist");
+    let after = hoist_pods();
+    assert!(
+        !after.contains(deleted) && after.len() == 2,
+        "the Deployment replaced {deleted}: {after:?}"
+    );
+    assert_eq!(counter(&mut redis, "jobs:done"), JOBS as i64);
+    watch
+        .wait(
+            Duration::from_secs(180),
+            "the worker back to zero",
+            |samples| samples.last().is_some_and(|last| last.replicas == 0),
+        )
+        .await;
+}
+
+fn down_leaves_the_machine_as_it_was(plane: &ControlPlane, before: MachineState) {
     let status =
         Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/controlplane.sh"))
             .arg("down")

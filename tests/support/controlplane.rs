@@ -101,14 +101,39 @@ impl ControlPlane {
             admin_kubeconfig,
             excused: Default::default(),
         };
-        plane.install_chart_rbac();
-        plane.hoist_kubeconfig = plane.hoist_credential("hoist.kubeconfig").0;
+        // With a node, hoist is installed by its chart as a pod (tests/node.rs);
+        // without one, it runs in the test process as the chart's
+        // ServiceAccount.
+        if !node {
+            plane.install_chart_rbac();
+            plane.hoist_kubeconfig = plane.hoist_credential("hoist.kubeconfig").0;
+        }
         plane
     }
 
     /// kubectl as the cluster's admin.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_with_input(args, None)
+    }
+
+    /// `helm` against this cluster as its admin, which must succeed; its
+    /// standard output.
+    pub fn helm(&self, args: &[&str]) -> String {
+        let output = Command::new("helm")
+            .arg("--kubeconfig")
+            .arg(&self.admin_kubeconfig)
+            .args(args)
+            .current_dir(root())
+            .stdin(Stdio::null())
+            .output()
+            .expect("helm runs (scripts/layer-tool.sh helm)");
+        assert!(
+            output.status.success(),
+            "helm {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
     }
 
     pub fn kubectl_with_input(&self, args: &[&str], input: Option<&str>) -> Output {
