@@ -606,7 +606,10 @@ mod tests {
             ("HOIST_INTERCEPTOR_PROXY_SERVICE_PORT", "8080"),
             ("HOIST_INTERCEPTOR_PROXY_SERVICE_PORT_HTTP", "8080"),
             ("HOIST_INTERCEPTOR_PROXY_PORT", "tcp://10.0.0.250:8080"),
-            ("HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP", "tcp://10.0.0.250:8080"),
+            (
+                "HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP",
+                "tcp://10.0.0.250:8080",
+            ),
             ("HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP_ADDR", "10.0.0.250"),
             ("HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP_PORT", "8080"),
             ("HOIST_INTERCEPTOR_PROXY_PORT_8080_TCP_PROTO", "tcp"),
