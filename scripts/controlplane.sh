@@ -90,12 +90,16 @@ fail() {
 
 # How the binaries are built; change it when a build_* function changes.
 BUILD_RECIPE=2
-# A wrapper module's requirements and the recipe: the binaries are built
-# again when they change (Go's cache keeps that cheap; the stamp spares
-# even the link when nothing did).
+# A wrapper module's requirements, its own Go files (tools/coredns has a
+# main) and the recipe: the binaries are built again when they change
+# (Go's cache keeps that cheap; the stamp spares even the link when
+# nothing did).
 stamp_of() {
-  { cat "$TOOLS/$1/go.mod" "$TOOLS/$1/go.sum"; echo "$BUILD_RECIPE $KUBERNETES_VERSION"; } |
-    sha256sum | cut -d' ' -f1
+  {
+    cat "$TOOLS/$1/go.mod" "$TOOLS/$1/go.sum"
+    find "$TOOLS/$1" -maxdepth 1 -name '*.go' | sort | xargs -r cat
+    echo "$BUILD_RECIPE $KUBERNETES_VERSION"
+  } | sha256sum | cut -d' ' -f1
 }
 
 build_module() {
