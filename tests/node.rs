@@ -3,10 +3,11 @@
 //! runc and a bridge CNI, kubelet, kube-proxy in iptables mode,
 //! kube-scheduler and CoreDNS; KEDA's operator and metrics adapter as pods
 //! from KEDA's own manifests; see docs/CONTROLPLANE.md), with every image
-//! built here. hoist is installed by its chart, exactly as the README
-//! says, and scales real workers that drain a real Redis list and an HTTP
-//! app woken through its interceptor. At the end `down` must leave the
-//! machine as it found it.
+//! built here. docs/getting-started.md runs block by block as written
+//! (`node/page_walk.rs`); then hoist is installed by its chart, exactly as
+//! the README says, and scales real workers that drain a real Redis list
+//! and an HTTP app woken through its interceptor. At the end `down` must
+//! leave the machine as it found it.
 //!
 //! One test, its steps in order: they share one node (one per machine: it
 //! owns the pod bridge and kubelet's paths), the chart's release moves
@@ -16,6 +17,10 @@
 mod controlplane;
 #[path = "node/machine.rs"]
 mod machine;
+#[path = "walkthrough/page.rs"]
+mod page;
+#[path = "node/page_walk.rs"]
+mod page_walk;
 mod support;
 #[path = "node/watch.rs"]
 mod watch;
@@ -33,7 +38,8 @@ use machine::{MachineState, kube_chains, kubepods_cgroups, mounts_under};
 use watch::{ReplicaWatch, rises_then_falls};
 
 const SMOKE: &str = "smoke";
-const DEMO: &str = "demo";
+/// The scenarios' namespace (the page's walk, run first, has `demo`).
+const DEMO: &str = "apps";
 /// The address every ScaledObject of the docs names.
 const HOIST_ADDRESS: &str = "hoist.keda.svc.cluster.local:9090";
 /// How long one worker's job takes.
@@ -58,7 +64,7 @@ spec:
     )
 }
 
-/// The demo namespace's Redis (a Deployment and its Service) and the
+/// The scenarios' Redis (a Deployment and its Service) and the
 /// worker at zero: `hoist-load worker` from hoist's image.
 fn demo_workload() -> String {
     format!(
@@ -187,22 +193,26 @@ spec:
     metadata:
       scalerAddress: {HOIST_ADDRESS}
       scaler: http
-      host: {name}.demo.example.com
+      host: {name}.{DEMO}.example.com
       upstream: {name}:8080
       concurrentRequests: "10"
 "#
     )
 }
 
-/// The values the walkthrough gives the chart for the HTTP app (with the
-/// images built here).
-const INTERCEPTOR_VALUES: &str = r#"interceptor:
+/// The values the walkthrough gives the chart for the HTTP app, for the
+/// scenarios' namespace.
+fn interceptor_values() -> String {
+    format!(
+        r#"interceptor:
   mode: inProcess
 config:
   interceptor:
     allowed_hosts:
-      demo: ["*.demo.example.com"]
-"#;
+      {DEMO}: ["*.{DEMO}.example.com"]
+"#
+    )
+}
 
 fn wait_ready(plane: &ControlPlane, namespace: &str, what: &str) {
     let output = plane.kubectl(&[
@@ -269,7 +279,7 @@ fn cluster_ip(plane: &ControlPlane, namespace: &str, service: &str) -> String {
     ])
 }
 
-/// The demo Redis, reached from the host through its Service's ClusterIP
+/// The scenarios' Redis, reached from the host through its Service's ClusterIP
 /// (kube-proxy's rules apply to the host's own connections too).
 fn demo_redis(plane: &ControlPlane) -> redis::Connection {
     let ip = cluster_ip(plane, DEMO, "redis");
@@ -359,6 +369,9 @@ async fn hoist_keda_and_workloads_run_as_pods_on_a_real_node() {
 
     the_node_is_ready_and_keda_runs_as_pods(plane);
     a_redis_pod_answers_by_name_logs_and_exec(plane);
+    page_walk::the_getting_started_page_runs_on_the_node(plane, &client).await;
+    // The scenarios install hoist again, by the README's command.
+    plane.helm(&["uninstall", "hoist", "-n", "keda", "--wait"]);
     hoist_installs_by_its_chart(plane);
     plane.namespace(DEMO);
     plane.apply(&demo_workload());
@@ -670,7 +683,7 @@ async fn an_http_app_at_zero_is_woken_through_the_interceptor(
     deployments: &Api<Deployment>,
 ) {
     let values = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(values.path(), INTERCEPTOR_VALUES).unwrap();
+    std::fs::write(values.path(), interceptor_values()).unwrap();
     plane.helm(&[
         "upgrade",
         "hoist",
@@ -691,7 +704,7 @@ async fn an_http_app_at_zero_is_woken_through_the_interceptor(
         plane.apply(&web_app(app, ready_after));
         wait_scaled_object_ready(plane, app);
         let watch = ReplicaWatch::start(deployments.clone(), app);
-        let (answer, took) = get(&proxy, &format!("{app}.demo.example.com"));
+        let (answer, took) = get(&proxy, &format!("{app}.{DEMO}.example.com"));
         assert!(
             answer.starts_with("HTTP/1.1 200") && answer.ends_with(&format!("hello from {app}")),
             "the first request to {app} at zero is held and answered: {answer}\n{}",
@@ -742,7 +755,10 @@ async fn an_http_app_at_zero_is_woken_through_the_interceptor(
         .unwrap()
         .read_exact(&mut first_line)
         .unwrap();
-    let (answer, took) = get(&format!("127.0.0.1:{port}"), "web.demo.example.com");
+    let (answer, took) = get(
+        &format!("127.0.0.1:{port}"),
+        &format!("web.{DEMO}.example.com"),
+    );
     let _ = forward.kill();
     let _ = forward.wait();
     assert!(

@@ -25,131 +25,22 @@
 #[path = "support/controlplane.rs"]
 mod controlplane;
 mod manifests;
+#[path = "walkthrough/page.rs"]
+mod page;
 mod support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use controlplane::{ControlPlane, control_plane, replicas, trajectory};
+use controlplane::{ControlPlane, control_plane, replicas};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
+use page::{
+    PAGE, StandIns, Step, must_shell, namespace_of, replicas_as_shown, shell, steps, values_file,
+};
 use support::web::{Upstream, full};
 use support::{Hoist, RedisServer, free_port};
-
-const PAGE: &str = "docs/getting-started.md";
-
-/// A loaded 2-core machine, KEDA's first reconcile, and the page's own
-/// cooldowns (30 s and 20 s) with room to spare.
-const LIMIT: Duration = Duration::from_secs(180);
-
-/// One marked block of the page.
-#[derive(Debug)]
-struct Step {
-    verb: String,
-    name: String,
-    /// The block's language (`sh`, `yaml`).
-    lang: String,
-    body: String,
-    /// The next `text` block before the next marked one: what the page
-    /// says the step shows.
-    shown: Option<String>,
-}
-
-/// The page's marked blocks, in order.
-fn steps(page: &str) -> Vec<Step> {
-    let marker =
-        regex::Regex::new(r"^<!-- walkthrough: (\S+)(?: ([^\s(]+))?(?: \(.*\))? -->$").unwrap();
-    let lines: Vec<&str> = page.lines().collect();
-    // Every fenced block: (first line of the fence, language, body).
-    let mut blocks = Vec::new();
-    let mut at = 0;
-    while at < lines.len() {
-        if let Some(lang) = lines[at].strip_prefix("```") {
-            let end = (at + 1..lines.len())
-                .find(|&i| lines[i] == "```")
-                .unwrap_or_else(|| panic!("{PAGE}:{}: an unclosed block", at + 1));
-            blocks.push((at, lang.to_string(), lines[at + 1..end].join("\n") + "\n"));
-            at = end;
-        }
-        at += 1;
-    }
-    let markers: Vec<(usize, regex::Captures)> = lines
-        .iter()
-        .enumerate()
-        .filter_map(|(i, line)| marker.captures(line).map(|c| (i, c)))
-        .collect();
-    assert!(
-        lines.iter().filter(|l| l.contains("walkthrough:")).count() == markers.len(),
-        "{PAGE}: a `walkthrough:` comment this test cannot read"
-    );
-    markers
-        .iter()
-        .enumerate()
-        .map(|(n, (line, found))| {
-            let next_marker = markers.get(n + 1).map_or(lines.len(), |(l, _)| *l);
-            let mut after = blocks.iter().filter(|(start, ..)| start > line);
-            let (start, lang, body) = after
-                .next()
-                .unwrap_or_else(|| panic!("{PAGE}:{}: a marker with no block", line + 1));
-            let shown = blocks
-                .iter()
-                .find(|(at, lang, _)| at > start && *at < next_marker && lang == "text")
-                .map(|(_, _, body)| body.clone());
-            Step {
-                verb: found[1].to_string(),
-                name: found.get(2).map_or("", |m| m.as_str()).to_string(),
-                lang: lang.clone(),
-                body: body.clone(),
-                shown,
-            }
-        })
-        .collect()
-}
-
-/// Where the page's addresses point here, each used at least once.
-struct StandIns {
-    replacements: Vec<(String, String)>,
-    used: BTreeMap<String, usize>,
-}
-
-impl StandIns {
-    fn apply(&mut self, text: &str) -> String {
-        let mut text = text.to_string();
-        for (from, to) in &self.replacements {
-            let count = text.matches(from.as_str()).count();
-            *self.used.entry(from.clone()).or_default() += count;
-            text = text.replace(from.as_str(), to);
-        }
-        text
-    }
-
-    fn assert_all_used(&self) {
-        for (from, _) in &self.replacements {
-            assert!(
-                self.used.get(from).copied().unwrap_or(0) > 0,
-                "{PAGE} no longer says `{from}`, which the test points at its stand-in"
-            );
-        }
-    }
-}
-
-/// The numbers of a `kubectl get -w -o custom-columns` output.
-fn counts(shown: &str) -> Vec<i32> {
-    shown
-        .lines()
-        .filter_map(|line| line.trim().parse().ok())
-        .collect()
-}
-
-/// `-n NAMESPACE` of a kubectl command.
-fn namespace_of(command: &str) -> String {
-    let found = regex::Regex::new(r"-n (\S+)").unwrap();
-    found
-        .captures(command)
-        .unwrap_or_else(|| panic!("no `-n` in `{command}`"))[1]
-        .to_string()
-}
 
 /// The text the page's http-echo container answers with (`-text=...`).
 fn app_text(page: &str) -> String {
@@ -181,35 +72,6 @@ fn chart_settings(values: &str) -> hoist::config::Settings {
     settings.interceptor.allowed_upstreams = vec!["127.0.0.1:*".into()];
     settings.interceptor.denied_networks = Vec::new();
     settings
-}
-
-/// `sh -c line` as the cluster's admin.
-fn shell(admin: &std::path::Path, line: &str) -> std::process::Output {
-    std::process::Command::new("sh")
-        .args(["-c", line])
-        .env("KUBECONFIG", admin)
-        .output()
-        .unwrap()
-}
-
-/// `sh -c line` as the cluster's admin, which must succeed.
-fn must_shell(plane: &ControlPlane, line: &str) {
-    let output = shell(&plane.admin_kubeconfig, line);
-    assert!(
-        output.status.success(),
-        "`{line}`: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// The values file a `helm install` names.
-fn values_file(helm: &str) -> &str {
-    let file = regex::Regex::new(r"--values (\S+)").unwrap();
-    file.captures(helm)
-        .expect("helm install --values")
-        .get(1)
-        .unwrap()
-        .as_str()
 }
 
 /// A request of the page's, sent when the watch that follows it has read
@@ -299,6 +161,11 @@ impl Walk {
         let proxy = hoist.http_proxy.expect("the in-process proxy");
         let redis = self.redis.address();
         self.stand_ins.replacements = vec![
+            // Redis runs on loopback already.
+            (
+                "kubectl rollout status deployment/redis -n demo".into(),
+                "true".into(),
+            ),
             (
                 "hoist.keda.svc.cluster.local:9090".into(),
                 format!("127.0.0.1:{}", self.grpc),
@@ -328,46 +195,27 @@ impl Walk {
     /// The Deployment's replicas go exactly as the page shows; with a
     /// request waiting, its app starts when scheduled and answers it.
     async fn watch(&mut self, step: &Step) {
-        let wanted = counts(step.shown.as_deref().expect("the page shows the counts"));
-        assert!(wanted.len() >= 2, "{PAGE}: a watch shows a change");
         let deployments: Api<Deployment> =
             Api::namespaced(self.client.clone(), &namespace_of(&step.body));
-        let name = step.name.as_str();
-        // Where the Deployment stands before anything is sent, so that a
-        // change the request causes at once is seen too.
-        let before = replicas(&deployments, name).await.expect("the Deployment");
-        let pending = self.pending.take().map(|request| {
-            let kubelet = start_app_when_scheduled(
-                deployments.clone(),
-                name.to_string(),
-                self.app,
-                app_text(&self.page),
-            );
-            (
-                request.send(&self.plane.admin_kubeconfig),
-                request.shown,
-                kubelet,
-            )
-        });
-        let from_before = |seen: &[i32]| -> Vec<i32> {
-            std::iter::once(before)
-                .chain(seen.iter().copied().skip_while(|now| *now == before))
-                .collect()
-        };
-        let seen = trajectory(
-            LIMIT,
-            &format!("{name} to go {wanted:?}"),
-            || replicas(&deployments, name),
-            |seen| {
-                let seen = from_before(seen);
-                seen.len() >= wanted.len() || seen.last() != wanted.get(seen.len() - 1)
-            },
-        )
+        let pending = self.pending.take();
+        let mut sent = None;
+        replicas_as_shown(&self.client, step, || {
+            sent = pending.map(|request| {
+                let kubelet = start_app_when_scheduled(
+                    deployments.clone(),
+                    step.name.clone(),
+                    self.app,
+                    app_text(&self.page),
+                );
+                (
+                    request.send(&self.plane.admin_kubeconfig),
+                    request.shown,
+                    kubelet,
+                )
+            });
+        })
         .await;
-        let seen = from_before(&seen);
-        eprintln!("walkthrough: {name} went {seen:?}");
-        assert_eq!(seen, wanted, "{name}'s replicas, as {PAGE} shows them");
-        if let Some((answer, shown, kubelet)) = pending {
+        if let Some((answer, shown, kubelet)) = sent {
             let served = kubelet.await.unwrap();
             let answer = answer.await.unwrap();
             assert_eq!(answer.trim(), shown.trim(), "the page's request");
