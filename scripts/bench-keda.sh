@@ -149,15 +149,18 @@ source_clients() {
     java "$ROOT/tools/kafka/BrokerMetrics.java" "127.0.0.1:$jmx_port" | awk '$1 == "connections" && $2 == "PLAINTEXT" {print $3}'
   fi
 }
-# The groups of a row: ScaledObject i is in group_of i (1-based).
+# The groups of a row: ScaledObject i is in group_of i (1-based), named
+# `workers-N` in every row: hoist keeps polling a trigger for
+# `polling.idle_after` (10 min) after KEDA last asked, so a row's groups of
+# their own would leave the previous row's polls running beside its own.
 groups_of_row() { echo "${GROUPS_SHARED:-$1}"; }
 group_of() { echo $(( ($1 - 1) % $2 + 1 )); }
 # Nothing waiting: the list empty, every group at the end of the topic.
-source_empty() { # namespace groups
+source_empty() { # groups
   if [ "$SOURCE" = redis ]; then
     redis del jobs >/dev/null
   else
-    "$LOAD" kafka-groups catch-up --bootstrap "$bootstrap" --topic jobs --group-prefix "$1" --groups "$2"
+    "$LOAD" kafka-groups catch-up --bootstrap "$bootstrap" --topic jobs --group-prefix workers --groups "$1"
   fi
 }
 # One job: a list entry, or one message (lag 1 for every group).
@@ -175,13 +178,13 @@ per_command() {
 }
 now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 
-# The trigger of ScaledObject I (MODE NAMESPACE GROUPS I).
+# The trigger of ScaledObject I (MODE GROUPS I).
 trigger() {
-  local mode="$1" namespace="$2" groups="$3" i="$4" source
+  local mode="$1" groups="$2" i="$3" source
   if [ "$SOURCE" = redis ]; then
     source="address: \"127.0.0.1:$redis_port\", listName: jobs, listLength: \"5\""
   else
-    source="bootstrapServers: \"$bootstrap\", consumerGroup: $namespace-$(group_of "$i" "$groups"), topic: jobs, lagThreshold: \"5\""
+    source="bootstrapServers: \"$bootstrap\", consumerGroup: workers-$(group_of "$i" "$groups"), topic: jobs, lagThreshold: \"5\""
   fi
   case "$mode" in
   keda)
@@ -224,7 +227,7 @@ spec:
   minReplicaCount: 0
   maxReplicaCount: 10
   triggers:
-$(trigger "$mode" "$namespace" "$groups" "$i")"
+$(trigger "$mode" "$groups" "$i")"
   done
 }
 
@@ -250,7 +253,7 @@ for n in $OBJECTS; do
     groups=$(groups_of_row "$n")
     [ "$SOURCE" = kafka ] && label="$label, $groups groups"
     echo "== $n ScaledObjects, $label, pollingInterval $interval s"
-    source_empty "$namespace" "$groups"
+    source_empty "$groups"
     objects "$mode" "$n" "$namespace" "$interval" "$groups" >"$work/$namespace.yaml"
     audit_from=$(stat -c %s "$plane/logs/audit.log")
     created=$(now_ms)
@@ -308,7 +311,7 @@ for n in $OBJECTS; do
     # The list emptied (the groups caught up: from when the last group's
     # commit is done): until every Deployment is back at 0 (KEDA's
     # cooldown, then its next poll of each ScaledObject).
-    source_empty "$namespace" "$groups"
+    source_empty "$groups"
     emptied=$(now_ms) zero=""
     zero_limit=$(( (interval + 30 + 180) * 1000 ))
     while [ $(( $(now_ms) - emptied )) -lt "$zero_limit" ]; do
@@ -364,7 +367,7 @@ table="$work/table.md"
   if [ "$SOURCE" = redis ]; then
     echo "- Every ScaledObject: the row's \`pollingInterval\`, \`cooldownPeriod: 30\`, \`minReplicaCount: 0\`, one Redis list \`jobs\` with \`listLength: \"5\"\`; hoist polls the list every $SOURCE_INTERVAL s (its triggers' \`pollingInterval\` metadata), whatever KEDA's interval. The HPA controller syncs every 15 s. Load is measured over $WINDOW s with every ScaledObject inactive, once KEDA made every HPA and its status writes for them stopped (none for 20 s), and 20 s more. Last job → 0: from emptying the list until every Deployment is at 0."
   else
-    echo "- Every ScaledObject: the row's \`pollingInterval\`, \`cooldownPeriod: 30\`, \`minReplicaCount: 0\`, one Kafka trigger on the topic \`jobs\` (12 partitions) with \`lagThreshold: \"5\"\` and its row's consumer group (each ScaledObject its own, or the row's groups shared in turn), every group committed at the end of every partition; hoist reads each group's lag every $SOURCE_INTERVAL s (its triggers' \`pollingInterval\` metadata), whatever KEDA's interval. The HPA controller syncs every 15 s. Load is measured over $WINDOW s with every ScaledObject inactive, once KEDA made every HPA and its status writes for them stopped (none for 20 s), and 20 s more; requests and connections are the broker's own (JMX: \`kafka.network:type=RequestMetrics,name=RequestsPerSec\` counts, \`socket-server-metrics\` \`connection-count\` on the listener every client uses, read at the window's end). Produce: one message into partition 0 (lag 1 for every group). Caught up → 0: from when every group's commit to the end is done until every Deployment is at 0."
+    echo "- Every ScaledObject: the row's \`pollingInterval\`, \`cooldownPeriod: 30\`, \`minReplicaCount: 0\`, one Kafka trigger on the topic \`jobs\` (12 partitions) with \`lagThreshold: \"5\"\` and a consumer group \`workers-N\` (each ScaledObject its own, or the row's groups shared in turn; the same groups in every row), every group committed at the end of every partition; hoist reads each group's lag every $SOURCE_INTERVAL s (its triggers' \`pollingInterval\` metadata), whatever KEDA's interval. The HPA controller syncs every 15 s. Load is measured over $WINDOW s with every ScaledObject inactive, once KEDA made every HPA and its status writes for them stopped (none for 20 s), and 20 s more; requests and connections are the broker's own (JMX: \`kafka.network:type=RequestMetrics,name=RequestsPerSec\` counts, \`socket-server-metrics\` \`connection-count\` on the listener every client uses, read at the window's end). Produce: one message into partition 0 (lag 1 for every group). Caught up → 0: from when every group's commit to the end is done until every Deployment is at 0."
   fi
   knobs=""
   [ -n "${KEDA_OPERATOR_ARGS:-}" ] && knobs+="KEDA_OPERATOR_ARGS=\"$KEDA_OPERATOR_ARGS\" "
