@@ -376,7 +376,11 @@ table="$work/table.md"
   [ -n "$GROUPS_SHARED" ] && knobs+="BENCH_KEDA_KAFKA_GROUPS=$GROUPS_SHARED "
   [ "$ROWS" != "$default_rows" ] && knobs+="BENCH_KEDA_ROWS=\"$ROWS\" "
   [ "$SECTION" != "$default_section" ] && knobs+="BENCH_KEDA_SECTION=$SECTION "
-  echo "- Command: \`${knobs}scripts/bench-keda.sh\` (part 9 of \`scripts/bench.sh\`)."
+  if [ "$SOURCE" = redis ]; then
+    echo "- Command: \`${knobs}scripts/bench-keda.sh\` (part 9 of \`scripts/bench.sh\`)."
+  else
+    echo "- Command: \`${knobs}scripts/bench-keda.sh\` (not run by \`scripts/bench.sh\`)."
+  fi
   echo
   if [ "$SOURCE" = redis ]; then
     echo "| ScaledObjects | scaler | pollingInterval | Redis commands/s | Redis CPU | Redis clients | KEDA operator CPU | KEDA operator RSS | hoist CPU / RSS | push → first 0 → 1 | push → every 0 → 1 | last job → every 1 → 0 |"

@@ -87,7 +87,13 @@ fn catch_up(args: &KafkaGroupsArgs) -> anyhow::Result<()> {
     std::thread::scope(|scope| {
         let workers: Vec<_> = groups
             .chunks(args.groups.div_ceil(COMMITTERS).max(1))
-            .map(|chunk| scope.spawn(move || chunk.iter().try_for_each(|group| commit(args, *group, ends))))
+            .map(|chunk| {
+                scope.spawn(move || {
+                    chunk
+                        .iter()
+                        .try_for_each(|group| commit(args, *group, ends))
+                })
+            })
             .collect();
         workers
             .into_iter()
