@@ -2,8 +2,10 @@
 //! validation and lag arithmetic of KEDA's built-in `kafka` scaler.
 //!
 //! One poll is one metadata request, one committed-offsets request for
-//! every partition at once, and one latest-offsets request batched per
-//! leader broker, on a client kept for the (cluster, group) pair.
+//! every partition at once (an OffsetFetch naming the trigger's group), and
+//! one latest-offsets request batched per leader broker, on a client kept
+//! per broker set (cluster, TLS and credentials) and shared by every group
+//! on it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
@@ -16,6 +18,7 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+mod group_offsets;
 mod gssapi_support;
 mod kerberos;
 use gssapi_support::Environment;
@@ -707,15 +710,15 @@ fn factors(n: i64) -> Vec<i64> {
     found
 }
 
-/// What tells two clients apart: the cluster, how hoist connects and
-/// authenticates, and the group (librdkafka fetches committed offsets for
-/// its own `group.id`). Holds secrets: it is a map key, never printed.
+/// What tells two clients apart: the broker set, that is the cluster and
+/// how hoist connects and authenticates to it. Not the group: the client
+/// joins none, and asks each group's offsets by name (`group_offsets`).
+/// Holds secrets: it is a map key, never printed.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ClientKey {
     bootstrap_servers: Vec<String>,
     tls: SourceTls,
     sasl: Sasl,
-    consumer_group: String,
 }
 
 impl ClientKey {
@@ -724,7 +727,6 @@ impl ClientKey {
             bootstrap_servers: c.bootstrap_servers.clone(),
             tls: c.tls.clone(),
             sasl: c.sasl.clone(),
-            consumer_group: c.consumer_group.clone(),
         }
     }
 
@@ -732,7 +734,7 @@ impl ClientKey {
     /// (`Secret`'s `Debug` masks them in `sasl`).
     fn identity(&self) -> String {
         format!(
-            "{}|tls={}/{}|ca={}|cert={}|sasl={:?}|secrets={:x}|group={}",
+            "{}|tls={}/{}|ca={}|cert={}|sasl={:?}|secrets={:x}",
             self.bootstrap_servers.join(","),
             self.tls.enabled,
             self.tls.unsafe_ssl,
@@ -740,7 +742,6 @@ impl ClientKey {
             self.tls.cert,
             self.sasl,
             fingerprint(&self.secrets()),
-            self.consumer_group,
         )
     }
 
@@ -766,8 +767,8 @@ impl ClientKey {
 }
 
 /// The Kafka clients of one hoist, shared by every trigger with the same
-/// `ClientKey`: 1,000 triggers of 100 groups on one cluster hold 100
-/// clients. Handed to triggers in `scalers::Context`; a client lives as
+/// `ClientKey`: 1,000 triggers of 100 groups on one cluster hold one
+/// client. Handed to triggers in `scalers::Context`; a client lives as
 /// long as a trigger holds it.
 #[derive(Clone, Default)]
 pub struct ClientPool(Arc<Mutex<HashMap<ClientKey, Weak<Client>>>>);
@@ -800,8 +801,9 @@ impl std::fmt::Debug for ClientPool {
 
 fn query_key(c: &KafkaConfig) -> String {
     format!(
-        "kafka|{}|topic={}|partitions={:?}|threshold={}|reset={:?}|idle={}|persistent={}|zero={}|withlag={}|even={}",
+        "kafka|{}|group={}|topic={}|partitions={:?}|threshold={}|reset={:?}|idle={}|persistent={}|zero={}|withlag={}|even={}",
         ClientKey::of(c).identity(),
+        c.consumer_group,
         c.topic,
         c.partition_limitation,
         c.lag_threshold,
@@ -944,7 +946,9 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", c.bootstrap_servers.join(","))
-        .set("group.id", &c.consumer_group)
+        // No `group.id`: the client is shared by the groups of its broker
+        // set, and one would make it a group member's, with a coordinator
+        // connection of its own.
         .set("client.id", "hoist")
         .set("enable.auto.commit", "false")
         // KEDA reads the high watermark (Sarama's ListOffsets v1 carries
@@ -1044,9 +1048,16 @@ fn client_config(c: &KafkaConfig) -> Result<ClientConfig, ObserveError> {
 }
 
 fn kafka_error(error: rdkafka::error::KafkaError) -> ObserveError {
+    classify(error.rdkafka_error_code(), error.to_string())
+}
+
+fn group_offsets_error(error: group_offsets::GroupOffsetsError) -> ObserveError {
+    classify(error.code(), format!("committed offsets: {error}"))
+}
+
+fn classify(code: Option<rdkafka::types::RDKafkaErrorCode>, message: String) -> ObserveError {
     use rdkafka::types::RDKafkaErrorCode as Code;
-    let message = error.to_string();
-    match error.rdkafka_error_code() {
+    match code {
         Some(Code::SaslAuthenticationFailed | Code::TopicAuthorizationFailed | Code::GroupAuthorizationFailed) => {
             ObserveError::Auth(message)
         }
@@ -1062,8 +1073,8 @@ fn kafka_error(error: rdkafka::error::KafkaError) -> ObserveError {
 /// Without a topic KEDA lists the group's committed offsets, then
 /// describes only those topics (kedacore/keda pkg/scalers/kafka_scaler.go,
 /// `getTopicPartitions`). That listing (OffsetFetch without topics) is not
-/// in rdkafka's API and librdkafka's mock cluster, which some tests use,
-/// cannot answer it, so hoist asks the group's offsets for the partitions
+/// asked: librdkafka's mock cluster, which some tests use, cannot answer
+/// it, so hoist asks the group's offsets for the partitions
 /// of every topic the cluster lists and keeps the topics with a commit: a
 /// group with none has no lag (KEDA would describe every topic:
 /// kedacore/keda#8114). A topic the cluster reports an error for cannot
@@ -1113,14 +1124,11 @@ fn read_offsets(c: &KafkaConfig, client: &Client) -> Result<(Offsets, Ends), Obs
     if wanted.count() == 0 {
         return Ok((Offsets::new(), Ends::new()));
     }
-    let committed_list = client.committed_offsets(wanted.clone(), REQUEST_TIMEOUT).map_err(kafka_error)?;
+    let answered = group_offsets::committed(client.client(), &c.consumer_group, &wanted, REQUEST_TIMEOUT)
+        .map_err(group_offsets_error)?;
     let mut committed = Offsets::new();
-    for element in committed_list.elements() {
-        let offset = match element.offset() {
-            Offset::Offset(offset) => offset,
-            _ => INVALID_OFFSET,
-        };
-        committed.entry(element.topic().to_string()).or_default().insert(element.partition(), offset);
+    for ((topic, partition), offset) in answered {
+        committed.entry(topic).or_default().insert(partition, offset.unwrap_or(INVALID_OFFSET));
     }
     if topic.is_none() {
         // Without a topic: only the topics the group has committed to.

@@ -59,8 +59,8 @@ pub struct Context {
     /// `tcp_routes[].concurrent_connections`): an `http`/`tcp` trigger
     /// naming the route takes it when it sets none itself.
     pub route_targets: std::sync::Arc<std::collections::BTreeMap<String, f64>>,
-    /// The Kafka clients triggers share (one per cluster, credentials and
-    /// group); clones share the pool.
+    /// The Kafka clients triggers share (one per cluster and credentials,
+    /// whatever the group); clones share the pool.
     pub kafka: kafka::ClientPool,
 }
 

@@ -32,6 +32,9 @@
 #                 started from there
 #   KAFKA_PARENT  a pid: `up` leaves a watcher that runs `down` when that
 #                 process ends (the test binary's own)
+#   KAFKA_JMX_PORT  a loopback port for the broker's JMX (no authentication,
+#                 127.0.0.1 only), for scripts/bench-keda.sh to read its
+#                 request counts (tools/kafka/BrokerMetrics.java); unset: none
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -193,13 +196,21 @@ up() {
   log4j_config >"$DIR/log4j2.yaml"
   local java=(java -Xmx512m -Xms128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1
     -Dlog4j2.configurationFile="$DIR/log4j2.yaml" -cp "$LIB/*")
+  local jmx=()
+  if [ -n "${KAFKA_JMX_PORT:-}" ]; then
+    # RMI's second port is the same one, and both bind loopback alone.
+    jmx=(-Dcom.sun.management.jmxremote -Dcom.sun.management.jmxremote.port="$KAFKA_JMX_PORT"
+      -Dcom.sun.management.jmxremote.rmi.port="$KAFKA_JMX_PORT" -Dcom.sun.management.jmxremote.host=127.0.0.1
+      -Djava.rmi.server.hostname=127.0.0.1 -Dcom.sun.management.jmxremote.authenticate=false
+      -Dcom.sun.management.jmxremote.ssl=false -Dcom.sun.management.jmxremote.local.only=true)
+  fi
   "${java[@]}" kafka.tools.StorageTool format --config "$DIR/server.properties" \
     --cluster-id "$(python3 -c 'import base64,uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')" \
     --add-scram "SCRAM-SHA-256=[name=$USER_NAME,password=$USER_PASSWORD]" \
     --add-scram "SCRAM-SHA-512=[name=$USER_NAME,password=$USER_PASSWORD]" \
     >"$DIR/logs/format.log" 2>&1 || { tail -20 "$DIR/logs/format.log" >&2; fail "formatting the log dir failed"; }
   # Its own session, so `down` stops exactly this process group.
-  setsid "${java[@]}" kafka.Kafka "$DIR/server.properties" >>"$DIR/logs/stdout.log" 2>&1 </dev/null &
+  setsid "${java[@]}" "${jmx[@]}" kafka.Kafka "$DIR/server.properties" >>"$DIR/logs/stdout.log" 2>&1 </dev/null &
   echo $! >"$DIR/pid"
   cat >"$DIR/ports.env" <<EOF
 PLAINTEXT=127.0.0.1:$plain

@@ -13,6 +13,8 @@
 //!   server's RSS and CPU, idle and under KEDA's call pattern.
 //! - `redis-load`, `kafka-load`: what the sources see (Redis'
 //!   `INFO commandstats`; the requests librdkafka's mock cluster received).
+//! - `kafka-groups`: a real broker's topic and consumer groups for
+//!   scripts/bench-keda.sh (caught up, or one message behind).
 //! - `upstream`: a small HTTP/1.1 server for the interceptor benchmarks.
 //! - `cold-start`: request held at zero → push to StreamIsActive →
 //!   response once the upstream listens.
@@ -30,6 +32,7 @@ mod cold_start;
 mod flood;
 mod free_ports;
 mod grpc;
+mod kafka_groups;
 mod kafka_load;
 mod process;
 mod redis_load;
@@ -48,6 +51,7 @@ use bare_server::{BareServerArgs, bare_server};
 use cold_start::{ColdStartArgs, cold_start};
 use flood::{FloodArgs, flood};
 use free_ports::{FreePortsArgs, free_ports};
+use kafka_groups::{KafkaGroupsArgs, kafka_groups};
 use kafka_load::{KafkaLoadArgs, kafka_load};
 use redis_load::{RedisLoadArgs, redis_load};
 use report::{ReportArgs, report};
@@ -82,6 +86,8 @@ enum Command {
     /// Counts the Kafka requests hoist makes per poll of a wide topic,
     /// against librdkafka's mock cluster started in this process.
     KafkaLoad(KafkaLoadArgs),
+    /// A real broker's topic and consumer groups for scripts/bench-keda.sh.
+    KafkaGroups(KafkaGroupsArgs),
     /// A small HTTP/1.1 server (keep-alive, a fixed body).
     Upstream(UpstreamArgs),
     /// A minimal reverse proxy on the interceptor's stack (hyper server,
@@ -116,6 +122,7 @@ fn main() -> anyhow::Result<()> {
         Command::Scale(args) => runtime.block_on(scale(args)),
         Command::RedisLoad(args) => runtime.block_on(redis_load(args)),
         Command::KafkaLoad(args) => kafka_load(&runtime, args),
+        Command::KafkaGroups(args) => kafka_groups(args),
         Command::Upstream(args) => runtime.block_on(upstream(args)),
         Command::BareProxy(args) => runtime.block_on(bare_proxy(args)),
         Command::ColdStart(args) => runtime.block_on(cold_start(args)),
