@@ -15,6 +15,7 @@ mod host;
 mod replay;
 mod request_head;
 mod response_head;
+mod stream_deadline;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -41,6 +42,7 @@ use tracing::{debug, warn};
 
 use direct_pool::DirectPool;
 use replay::Replay;
+use stream_deadline::StreamDeadlines;
 
 use super::Routes;
 use super::counters::{InFlight, RouteCounters};
@@ -264,6 +266,7 @@ pub async fn serve(
             routes: routes.clone(),
             hyper: builder.clone(),
             max_header_bytes: current.max_header_bytes,
+            send_timeout: current.send_timeout,
             watcher: graceful.watcher(),
             shutdown: shutdown.clone(),
         };
@@ -357,6 +360,7 @@ struct ClientConnection {
     routes: Arc<Routes>,
     hyper: Arc<ServerBuilder>,
     max_header_bytes: usize,
+    send_timeout: Duration,
     /// Keeps hoist's graceful shutdown waiting while the connection lasts.
     watcher: Watcher,
     shutdown: CancellationToken,
@@ -374,24 +378,44 @@ async fn serve_with_hyper(client: ClientConnection, already_read: BytesMut) {
         address,
         routes,
         hyper,
+        send_timeout,
         watcher,
         ..
     } = client;
-    let service = hyper::service::service_fn(move |request| {
-        let (routes, peer) = (routes.clone(), peer.clone());
+    let send_timeouts = routes.send_timeouts();
+    // The socket's write deadline does not see an HTTP/2 stream the
+    // client gives no window (see `stream_deadline`).
+    let streams = StreamDeadlines::new(send_timeout);
+    let watched = streams.clone();
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let (routes, peer, watched) = (routes.clone(), peer.clone(), watched.clone());
         let open = activity.request();
+        let http2 = request.version() == Version::HTTP_2;
         async move {
             let response = proxy(&routes, &peer, request).await;
             if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                 open.upgraded();
             }
-            Ok::<_, Infallible>(response.map(|body| Keeping { body, _kept: open }.boxed()))
+            let response = response.map(|body| Keeping { body, _kept: open }.boxed());
+            Ok::<_, Infallible>(if http2 {
+                response.map(|body| watched.watch(body).boxed())
+            } else {
+                response
+            })
         }
     });
     let connection = hyper
         .serve_connection_with_upgrades(TokioIo::new(Replay::new(already_read, stream)), service)
         .into_owned();
-    if let Err(error) = watcher.watch(connection).await {
+    let ended = tokio::select! {
+        ended = watcher.watch(connection) => ended,
+        () = streams.stalled() => {
+            send_timeouts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            debug!(peer = %address, "an HTTP/2 client took nothing for send_timeout; closing");
+            Ok(())
+        }
+    };
+    if let Err(error) = ended {
         debug!(%error, peer = %address, "client connection ended with an error");
     }
 }
