@@ -13,7 +13,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hoist::interceptor::report::RoutesReport;
 use http::Request;
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -37,37 +36,22 @@ fn small_buffer_client(proxy: SocketAddr) -> TcpStream {
     TcpStream::from_std(socket.into()).unwrap()
 }
 
-async fn in_flight(hoist: &Hoist) -> u64 {
-    let (status, body) = support::http_get(hoist.admin, "/interceptor/routes").await;
-    assert_eq!(status, 200, "{body}");
-    let report: RoutesReport = serde_json::from_str(&body).unwrap();
-    report.routes["web"].load.in_flight
-}
-
-async fn send_timeouts(hoist: &Hoist) -> u64 {
-    let (_, metrics) = hoist.get("/metrics").await;
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("hoist_interceptor_http_send_timeouts_total "))
-        .map_or(0, |value| value.trim().parse().unwrap())
-}
-
 /// Waits until every client so far was let go: counted, none in flight.
 async fn all_let_go(hoist: &Hoist, expected: u64, shape: &str) {
     eventually(
         PATIENCE,
         &format!("{shape}: {expected} send timeouts"),
-        || async { send_timeouts(hoist).await >= expected },
+        || async { hoist.send_timeouts().await >= expected },
     )
     .await;
     eventually(
         PATIENCE,
         &format!("{shape}: no request in flight"),
-        || async { in_flight(hoist).await == 0 },
+        || async { hoist.in_flight("web").await == 0 },
     )
     .await;
     assert_eq!(
-        send_timeouts(hoist).await,
+        hoist.send_timeouts().await,
         expected,
         "{shape}: one per client"
     );

@@ -26,9 +26,12 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
+use super::answer::Answer;
+use super::plan::{Head, Plan, plan};
 use super::request_head::{self, Forwarding, Reading};
 use super::response_head::{self, Framing, Rechunker, ResponseHead, ResponseReading};
-use super::{Answer, ClientConnection, HEADER_READ_TIMEOUT, Handover, HttpRoute, request_path};
+use super::route::HttpRoute;
+use super::{ClientConnection, HEADER_READ_TIMEOUT, Handover};
 
 /// What a connection's input buffer starts with.
 const INPUT_CAPACITY: usize = 4096;
@@ -37,9 +40,22 @@ const READ_SIZE: usize = 8192;
 /// A response head longer than this is refused (502).
 const MAX_RESPONSE_HEAD: usize = 128 * 1024;
 
+/// How the direct path left a client connection.
+pub(super) enum Served {
+    /// Closed (by the client, a deadline, an answer, or hoist's shutdown).
+    Closed,
+    /// For hyper, from the first byte of a request the direct path does
+    /// not take (`already_read` starts with it).
+    HandOver {
+        client: Box<ClientConnection>,
+        already_read: BytesMut,
+        why: Handover,
+    },
+}
+
 /// Serves a client connection until it closes, or until hoist shuts down
-/// between its requests, or hands it to hyper.
-pub(super) async fn serve(mut client: ClientConnection) {
+/// between its requests, or says which request hyper must take it from.
+pub(super) async fn serve(mut client: ClientConnection) -> Served {
     let mut input = BytesMut::with_capacity(INPUT_CAPACITY);
     let mut exchange = Exchange::default();
     let shutdown = client.shutdown.clone();
@@ -48,7 +64,7 @@ pub(super) async fn serve(mut client: ClientConnection) {
         // Once hoist shuts down, no new request is taken (as hyper's
         // graceful shutdown does); the last answer said `close`.
         if shutdown.is_cancelled() {
-            return;
+            return Served::Closed;
         }
         let mut head_deadline = None;
         let request = loop {
@@ -57,11 +73,25 @@ pub(super) async fn serve(mut client: ClientConnection) {
                     Step::Partial if input.len() < client.max_header_bytes => None,
                     Step::Partial => Some(Handover::LongHead),
                     Step::Fallback(why) => Some(why),
-                    Step::Direct(request) => break request,
+                    Step::Direct(request) => break Some(request),
+                    Step::Answer(answer) => {
+                        let keep_open = exchange
+                            .answer(&mut client, &answer.answer, answer.close, answer.head)
+                            .await;
+                        input.advance(answer.length);
+                        if !keep_open {
+                            let _ = client.stream.shutdown().await;
+                            return Served::Closed;
+                        }
+                        break None;
+                    }
                 };
                 if let Some(why) = why {
-                    client.routes.http_handovers.count(why);
-                    return super::serve_with_hyper(client, input).await;
+                    return Served::HandOver {
+                        client: Box::new(client),
+                        already_read: input,
+                        why,
+                    };
                 }
             }
             input.reserve(INPUT_CAPACITY);
@@ -70,7 +100,7 @@ pub(super) async fn serve(mut client: ClientConnection) {
                 tokio::select! {
                     biased;
                     read = client.stream.read_buf(&mut input) => read,
-                    () = closing.as_mut() => return,
+                    () = closing.as_mut() => return Served::Closed,
                 }
             } else {
                 // A head in pieces gets what hyper gives one (slow-loris).
@@ -80,15 +110,19 @@ pub(super) async fn serve(mut client: ClientConnection) {
                     biased;
                     read = tokio::time::timeout_at(deadline, client.stream.read_buf(&mut input)) => match read {
                         Ok(read) => read,
-                        Err(_) => return,
+                        Err(_) => return Served::Closed,
                     },
-                    () = closing.as_mut() => return,
+                    () = closing.as_mut() => return Served::Closed,
                 }
             };
             match read {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return Served::Closed,
                 Ok(_) => {}
             }
+        };
+        // hoist answered it itself: on to the next request.
+        let Some(request) = request else {
+            continue;
         };
         let keep_open = exchange.run(&mut client, &request, &mut input).await;
         input.advance(request.length);
@@ -98,7 +132,7 @@ pub(super) async fn serve(mut client: ClientConnection) {
         exchange.shrink();
         if !keep_open {
             let _ = client.stream.shutdown().await;
-            return;
+            return Served::Closed;
         }
     }
 }
@@ -116,10 +150,20 @@ struct Request {
     idempotent: bool,
 }
 
+/// A request hoist answers itself (no route, a path it refuses).
+struct OwnAnswer {
+    answer: Answer,
+    /// Head and body, in the input.
+    length: usize,
+    close: bool,
+    head: bool,
+}
+
 enum Step {
     Partial,
     Fallback(Handover),
     Direct(Request),
+    Answer(OwnAnswer),
 }
 
 /// Reads the head at the start of `input` and, for a request the direct
@@ -145,14 +189,24 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
     else {
         return Step::Fallback(Handover::BodyInPieces);
     };
-    // A path refused, or no route: hyper gives the answer (400, 404).
-    let Ok(path) = request_path::normalize(head.path, client.peer.allow_encoded_slashes) else {
-        return Step::Fallback(Handover::Answer);
-    };
     let routes = client.routes.current();
-    let Some(route) = routes.http.find(head.host, &path) else {
-        return Step::Fallback(Handover::Answer);
+    let head_view = Head {
+        connect: false,
+        authority: Ok(head.authority),
+        path: head.path,
     };
+    let routed = match plan(head_view, client.peer.allow_encoded_slashes, &routes.http) {
+        Plan::Routed(routed) => routed,
+        Plan::Answer(answer) => {
+            return Step::Answer(OwnAnswer {
+                answer,
+                length,
+                close: head.close,
+                head: head.method == "HEAD",
+            });
+        }
+    };
+    let (route, path) = (routed.route, routed.path);
     if route.upstream_http2 {
         return Step::Fallback(Handover::UpstreamH2c);
     }
@@ -164,7 +218,7 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
     request_head::write_upstream_head(out, &head, &path, fields, &forwarding);
     out.extend_from_slice(&input[head.length..length]);
     Step::Direct(Request {
-        route: route.clone(),
+        route,
         length,
         close: head.close,
         head: head.method == "HEAD",
@@ -234,9 +288,8 @@ impl Exchange {
         };
         if let Err(error) = admitted {
             let answer = Answer::refusal(&error);
-            return self
-                .answer(client, route, answer, close, request.head)
-                .await;
+            route.counters.refused(answer.status.as_u16());
+            return self.answer(client, &answer, close, request.head).await;
         }
         let sent = tokio::select! {
             biased;
@@ -246,9 +299,8 @@ impl Exchange {
         let (upstream, head) = match sent {
             Ok(answered) => answered,
             Err(answer) => {
-                return self
-                    .answer(client, route, answer, close, request.head)
-                    .await;
+                route.counters.refused(answer.status.as_u16());
+                return self.answer(client, &answer, close, request.head).await;
             }
         };
         route.upstream.reached();
@@ -270,7 +322,7 @@ impl Exchange {
     ) -> Result<(TcpStream, ResponseHead), Answer> {
         let mut may_reuse = true;
         'attempt: loop {
-            let idle = may_reuse.then(|| route.direct.checkout()).flatten();
+            let idle = may_reuse.then(|| route.idle.checkout()).flatten();
             let reused = idle.is_some();
             let mut upstream = match idle {
                 Some(stream) => stream,
@@ -422,7 +474,7 @@ impl Exchange {
             },
         };
         if ended && head.reusable && self.upstream_in.is_empty() {
-            route.direct.checkin(upstream);
+            route.idle.checkin(upstream);
         }
         Ok(())
     }
@@ -459,16 +511,14 @@ impl Exchange {
         }
     }
 
-    /// Answers the client from the interceptor itself (counted).
+    /// Answers the client from the interceptor itself.
     async fn answer(
         &mut self,
         client: &mut ClientConnection,
-        route: &HttpRoute,
-        answer: Answer,
+        answer: &Answer,
         close: bool,
         head: bool,
     ) -> bool {
-        route.counters.refused(answer.status.as_u16());
         self.client_out.clear();
         answer.write_http1(&mut self.client_out, close, head);
         write(&mut client.stream, &self.client_out).await.is_ok() && !close

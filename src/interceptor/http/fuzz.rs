@@ -65,7 +65,7 @@ pub fn request_head(bytes: &[u8]) {
         !parsed
             .headers
             .iter()
-            .any(|field| super::folded_names::is_underscore_alias(field.name)),
+            .any(|field| super::fields::classify(field.name).role == super::fields::Role::Alias),
         "an underscore spelling reached the app"
     );
 }

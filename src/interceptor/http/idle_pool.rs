@@ -1,5 +1,6 @@
-//! Idle upstream connections of one route, for the direct path: plain
-//! sockets between messages, taken by one request at a time.
+//! Idle connections to a route's upstream, for both HTTP/1.1 paths: plain
+//! sockets between messages, taken by one request at a time (the direct
+//! path writes on them; hyper's path puts its client on one per request).
 //!
 //! Between messages an app sends nothing, so a connection that has become
 //! readable while it waited was closed by the app (or misbehaves): it is
@@ -23,7 +24,7 @@ const SWEEP_EVERY: Duration = if cfg!(test) {
     Duration::from_secs(5)
 };
 
-pub struct DirectPool {
+pub struct IdlePool {
     /// Oldest first; requests take the newest (the one most likely alive).
     idle: Mutex<Vec<Idle>>,
     max_idle: usize,
@@ -35,7 +36,7 @@ struct Idle {
     since: Instant,
 }
 
-impl DirectPool {
+impl IdlePool {
     /// A pool, and its sweeper task (which ends with the pool).
     pub fn new(max_idle: usize, idle_timeout: Duration) -> Arc<Self> {
         let pool = Arc::new(Self {
@@ -93,12 +94,12 @@ impl DirectPool {
     }
 
     #[cfg(test)]
-    fn idle_count(&self) -> usize {
+    pub fn idle_count(&self) -> usize {
         self.lock().len()
     }
 }
 
-async fn sweep_while_alive(pool: Weak<DirectPool>) {
+async fn sweep_while_alive(pool: Weak<IdlePool>) {
     let mut ticks = tokio::time::interval(SWEEP_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -140,7 +141,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_app_closed_or_wrote_on_is_not_taken() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let pool = DirectPool::new(8, Duration::from_secs(60));
+        let pool = IdlePool::new(8, Duration::from_secs(60));
         let (open, _open_end) = pair(&listener).await;
         let (closed, closed_end) = pair(&listener).await;
         let (chatty, mut chatty_end) = pair(&listener).await;
@@ -157,7 +158,7 @@ mod tests {
     #[tokio::test]
     async fn idle_connections_expire_and_the_cap_holds() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let pool = DirectPool::new(2, Duration::from_millis(100));
+        let pool = IdlePool::new(2, Duration::from_millis(100));
         let mut ends = Vec::new();
         for _ in 0..3 {
             let (client, server) = pair(&listener).await;

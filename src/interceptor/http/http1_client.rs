@@ -1,20 +1,19 @@
-//! HTTP/1.1 connections to one route's upstream, each driven by the request
-//! that uses it.
+//! hyper's path to an HTTP/1.1 upstream: a request sent on one of the
+//! route's idle connections (`IdlePool`, shared with the direct path) or
+//! a new one, the connection driven by the request that uses it.
 //!
 //! hyper-util's pooled client wants an absolute URI per request, keys its
 //! pool by scheme and authority, and runs every connection on a task of
 //! its own that requests reach through channels. A route has one upstream,
 //! so none of that is needed: here the request's task polls the connection
-//! itself, from sending the request to the last byte of the response body,
-//! and an idle connection waits in the pool unpolled (a proxied request
-//! costs 15.0 µs of CPU instead of 16.5 µs; docs/BENCHMARKS.md, finding
-//! 3). Upgrades and h2c upstreams keep hyper-util's client, which they
-//! need.
+//! itself, from sending the request to the last byte of the response body
+//! (docs/BENCHMARKS.md, finding 3), and once the message ended cleanly the
+//! socket goes back to the idle pool, where either path takes it next.
+//! Upgrades and h2c upstreams keep hyper-util's client, which they need.
 
-use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -26,7 +25,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use super::upstream::{Upstream, UpstreamError};
+use super::idle_pool::IdlePool;
+use crate::interceptor::upstream::{Upstream, UpstreamError};
 
 /// Why a request did not get a response from the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -39,29 +39,13 @@ pub enum SendError {
     ResponseTimeout(Duration),
 }
 
-/// How often idle connections are looked at: closed by the app, or idle
-/// past the timeout, they are dropped.
-const SWEEP_EVERY: Duration = if cfg!(test) {
-    Duration::from_millis(20)
-} else {
-    Duration::from_secs(5)
-};
-
-/// The idle connections of one route.
-pub struct Http1Pool {
+/// Sends a route's plain requests that hyper read.
+pub struct Http1Client {
     upstream: Arc<Upstream>,
-    /// Oldest first; requests take the newest (the one most likely alive).
-    idle: Mutex<VecDeque<Idle>>,
-    max_idle: usize,
-    idle_timeout: Duration,
+    idle: Arc<IdlePool>,
     /// From sending a request (its body included) to its response's head;
     /// also how long an upload may go on after its response ended.
     response_timeout: Duration,
-}
-
-struct Idle {
-    connection: PooledConnection,
-    since: Instant,
 }
 
 struct PooledConnection {
@@ -69,9 +53,7 @@ struct PooledConnection {
     /// `None` once hyper says the connection is over: a finished future
     /// must not be polled again.
     driver: Option<Connection<TokioIo<TcpStream>, Incoming>>,
-    /// The response timeout of the request on this connection. One timer
-    /// per connection, moved forward per request: extending a registered
-    /// tokio timer is an atomic update, a new one a trip to the wheel.
+    /// The response timeout of the request on this connection.
     response_timer: Pin<Box<Sleep>>,
 }
 
@@ -97,56 +79,31 @@ impl PooledConnection {
     }
 }
 
-impl Http1Pool {
-    /// A pool, and its sweeper task (which ends with the pool).
-    pub fn new(
-        upstream: Arc<Upstream>,
-        max_idle: usize,
-        idle_timeout: Duration,
-        response_timeout: Duration,
-    ) -> Arc<Self> {
-        let pool = Arc::new(Self {
-            response_timeout,
+impl Http1Client {
+    pub fn new(upstream: Arc<Upstream>, idle: Arc<IdlePool>, response_timeout: Duration) -> Self {
+        Self {
             upstream,
-            idle: Mutex::new(VecDeque::new()),
-            // Room for one at least: checkin makes room before it adds.
-            max_idle: max_idle.max(1),
-            idle_timeout,
-        });
-        let weak = Arc::downgrade(&pool);
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(SWEEP_EVERY);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                let Some(pool) = weak.upgrade() else {
-                    return;
-                };
-                pool.sweep();
-            }
-        });
-        pool
+            idle,
+            response_timeout,
+        }
     }
 
     /// Sends `request` on an idle connection, or on a new one (holding
     /// through a cold start until `deadline`), and returns the response
     /// whose body drives the connection and gives it back when done.
     pub async fn send(
-        self: &Arc<Self>,
+        &self,
         mut request: Request<Incoming>,
         deadline: Instant,
     ) -> Result<Response<PooledBody>, SendError> {
         let head_request = request.method() == http::Method::HEAD;
         loop {
-            let (mut connection, reused) = match self.checkout().await {
-                Some(connection) => (connection, true),
-                None => (self.connect(deadline).await?, false),
+            let (stream, reused) = match self.idle.checkout() {
+                Some(stream) => (stream, true),
+                None => (self.upstream.connect(deadline).await?, false),
             };
+            let mut connection = self.handshake(stream).await?;
             let mut sending = pin!(connection.sender.try_send_request(request));
-            connection
-                .response_timer
-                .as_mut()
-                .reset(Instant::now() + self.response_timeout);
             let answer = poll_fn(|cx| {
                 connection.drive(cx);
                 // Once the connection has ended, hyper has answered the
@@ -179,7 +136,8 @@ impl Http1Pool {
                     return Ok(response.map(|body| PooledBody {
                         body,
                         connection: (!late_body).then_some(connection),
-                        pool: self.clone(),
+                        idle: self.idle.clone(),
+                        response_timeout: self.response_timeout,
                     }));
                 }
                 Err(mut error) => match error.take_message() {
@@ -192,8 +150,34 @@ impl Http1Pool {
         }
     }
 
-    async fn connect(&self, deadline: Instant) -> Result<PooledConnection, SendError> {
+    /// Sends an upgrade request (WebSocket...) on a connection of its own:
+    /// a tunnel is never given back to the pool. hyper's client runs on a
+    /// task until the upgrade is done.
+    pub async fn send_upgrade(
+        &self,
+        request: Request<Incoming>,
+        deadline: Instant,
+    ) -> Result<Response<Incoming>, SendError> {
         let stream = self.upstream.connect(deadline).await?;
+        let (mut sender, driver) = http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await?;
+        tokio::spawn(async move {
+            let _ = driver.with_upgrades().await;
+        });
+        tokio::time::timeout(self.response_timeout, sender.send_request(request))
+            .await
+            .map_err(|_| SendError::ResponseTimeout(self.response_timeout))?
+            .map_err(SendError::from)
+    }
+
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.idle.idle_count()
+    }
+
+    /// hyper's client on a connection (no I/O).
+    async fn handshake(&self, stream: TcpStream) -> Result<PooledConnection, SendError> {
         let (sender, driver) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await?;
@@ -203,83 +187,26 @@ impl Http1Pool {
             response_timer: Box::pin(tokio::time::sleep(self.response_timeout)),
         })
     }
+}
 
-    /// The newest idle connection still open. Polling it notices an app
-    /// that closed it while it waited.
-    async fn checkout(&self) -> Option<PooledConnection> {
-        loop {
-            // (The lock is released at the end of this statement.)
-            let idle = self.lock().pop_back()?;
-            if idle.since.elapsed() >= self.idle_timeout {
-                continue;
-            }
-            let mut connection = idle.connection;
-            if poll_fn(|cx| Poll::Ready(connection.reusable(cx))).await {
-                return Some(connection);
-            }
+/// Gives a connection whose message ended back to the idle pool as a
+/// socket; one still uploading finishes on its own, one in doubt closes.
+fn check_in(mut connection: PooledConnection, idle: &IdlePool, response_timeout: Duration) {
+    // With the response read, one poll moves the connection to idle
+    // and makes its sender ready.
+    if !connection.reusable(&mut Context::from_waker(Waker::noop())) {
+        if let Some(driver) = connection.driver.take() {
+            finish_upload(driver, response_timeout);
         }
+        return;
     }
-
-    fn checkin(&self, mut connection: PooledConnection) {
-        // With the response read, one poll moves the connection to idle
-        // and makes its sender ready; nobody waits on it until a request
-        // takes it and polls it with its own waker.
-        if !connection.reusable(&mut Context::from_waker(Waker::noop())) {
-            if let Some(driver) = connection.driver.take() {
-                finish_upload(driver, self.response_timeout);
-            }
-            return;
-        }
-        // Expired ones are the sweeper's; here only the cap is kept.
-        let mut evicted = Vec::new();
-        {
-            let mut idle = self.lock();
-            while idle.len() >= self.max_idle {
-                evicted.extend(idle.pop_front());
-            }
-            idle.push_back(Idle {
-                connection,
-                since: Instant::now(),
-            });
-        }
-        // Closed here, not under the lock.
-        drop(evicted);
-    }
-
-    /// Drops the idle connections the app has closed (one poll notices
-    /// its FIN) and those idle past the timeout, so that nothing lingers
-    /// half-closed once traffic stops (a route at zero).
-    fn sweep(&self) {
-        let now = Instant::now();
-        let mut cx = Context::from_waker(Waker::noop());
-        let mut gone = Vec::new();
-        {
-            let mut idle = self.lock();
-            let mut kept = VecDeque::with_capacity(idle.len());
-            for mut entry in idle.drain(..) {
-                if now.duration_since(entry.since) < self.idle_timeout
-                    && entry.connection.reusable(&mut cx)
-                {
-                    kept.push_back(entry);
-                } else {
-                    gone.push(entry);
-                }
-            }
-            *idle = kept;
-        }
-        drop(gone);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
-        // The queue holds no invariant a panic could break halfway.
-        self.idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    #[cfg(test)]
-    fn idle_count(&self) -> usize {
-        self.lock().len()
+    let Some(driver) = connection.driver.take() else {
+        return;
+    };
+    let parts = driver.into_parts();
+    // Bytes after the message: the app said more than it was asked.
+    if parts.read_buf.is_empty() {
+        idle.checkin(parts.io.into_inner());
     }
 }
 
@@ -302,13 +229,14 @@ fn finish_upload(driver: Connection<TokioIo<TcpStream>, Incoming>, limit: Durati
 pub struct PooledBody {
     body: Incoming,
     connection: Option<PooledConnection>,
-    pool: Arc<Http1Pool>,
+    idle: Arc<IdlePool>,
+    response_timeout: Duration,
 }
 
 impl PooledBody {
     fn check_in(&mut self) {
         if let Some(connection) = self.connection.take() {
-            self.pool.checkin(connection);
+            check_in(connection, &self.idle, self.response_timeout);
         }
     }
 }
@@ -419,11 +347,11 @@ mod tests {
         (address, accepted)
     }
 
-    fn pool(address: String) -> Arc<Http1Pool> {
+    fn pool(address: String) -> Arc<Http1Client> {
         pool_with_timeout(address, Duration::from_secs(5))
     }
 
-    fn pool_with_timeout(address: String, response_timeout: Duration) -> Arc<Http1Pool> {
+    fn pool_with_timeout(address: String, response_timeout: Duration) -> Arc<Http1Client> {
         pool_with(address, Duration::from_secs(90), response_timeout)
     }
 
@@ -431,7 +359,7 @@ mod tests {
         address: String,
         idle_timeout: Duration,
         response_timeout: Duration,
-    ) -> Arc<Http1Pool> {
+    ) -> Arc<Http1Client> {
         let counters = Arc::new(RouteCounters::new(Instant::now()));
         let upstream = Arc::new(Upstream::new(
             "web".into(),
@@ -440,7 +368,11 @@ mod tests {
             10,
             counters,
         ));
-        Http1Pool::new(upstream, 4, idle_timeout, response_timeout)
+        Arc::new(Http1Client::new(
+            upstream,
+            IdlePool::new(4, idle_timeout),
+            response_timeout,
+        ))
     }
 
     /// A request with an empty `Incoming` body, as the server side hands
@@ -482,7 +414,7 @@ mod tests {
 
     /// Sends the next request through the pool and reads the whole body.
     async fn forward(
-        pool: &Arc<Http1Pool>,
+        pool: &Arc<Http1Client>,
         incoming: &mut tokio::sync::mpsc::Receiver<Request<Incoming>>,
     ) -> Bytes {
         let request = incoming.recv().await.unwrap();
@@ -525,7 +457,7 @@ mod tests {
     }
 
     /// Waits (up to 5 s) until the pool holds `count` idle connections.
-    async fn idle_becomes(pool: &Http1Pool, count: usize) {
+    async fn idle_becomes(pool: &Http1Client, count: usize) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while pool.idle_count() != count {
             assert!(
