@@ -3,8 +3,10 @@
 //! request planned as on the direct path (`plan`) and forwarded through
 //! hyper's client, upgrades tunnelled.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -20,7 +22,7 @@ use tracing::debug;
 use super::answer::Answer;
 use super::http1_client::SendError;
 use super::peer::{Peer, forwarded_headers};
-use super::plan::{Head, Plan, plan};
+use super::plan::{Head, Plan, Routed, plan};
 use super::replay::Replay;
 use super::route::HttpRoute;
 use super::stream_deadline::StreamDeadlines;
@@ -110,83 +112,24 @@ async fn proxy(
     mut request: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let current = routes.current();
-    let (route, rewritten, normalised) = match plan(
+    let plan = plan(
         Head::of_request(&request),
         peer.allow_encoded_slashes,
         &current.http,
-    ) {
+    );
+    let forward = match plan {
         Plan::Answer(answer) => return answer.response(),
-        Plan::Routed(routed) => {
-            let authority = routed.authority;
-            let normalised = (!authority.host.is_empty())
-                .then(|| HeaderValue::from_bytes(&authority.normalised()).ok())
-                .flatten();
-            let rewritten = match routed.path {
-                std::borrow::Cow::Owned(path) => Some(path),
-                std::borrow::Cow::Borrowed(_) => None,
-            };
-            (routed.route, rewritten, normalised)
-        }
+        Plan::Routed(routed) => Forward::of(routed),
     };
+    let route = forward.route.clone();
     let in_flight = route.counters.start(Instant::now());
     let client_version = request.version();
     let upgrade = upgrade_protocol(request.headers());
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
-
-    let (mut parts, body) = request.into_parts();
-    // The app gets the host hoist routed by, normalised: an HTTP/2
-    // client may name it in `:authority` only, and an HTTP/1.1
-    // absolute-form target replaces `Host` (RFC 9112 §3.2.2).
-    if let Some(value) = &normalised {
-        parts.headers.insert(header::HOST, value.clone());
-    }
-    let forwarded_host = normalised;
-
-    let mut uri = std::mem::take(&mut parts.uri).into_parts();
-    if let Some(path) = rewritten {
-        let query = uri.path_and_query.as_ref().and_then(|pq| pq.query());
-        let target = match query {
-            Some(query) => format!("{path}?{query}"),
-            None => path,
-        };
-        uri.path_and_query = PathAndQuery::try_from(target).ok();
-    }
-    if route.upstream_http2 {
-        // hyper-util's client wants the absolute form; it sends
-        // `:authority`.
-        uri.scheme = Some(Scheme::HTTP);
-        uri.authority = route.authority.clone();
-    } else {
-        // Written as is on the connection: an HTTP/1.1 origin server gets
-        // the origin form (`/path?query`), as from any client.
-        uri.scheme = None;
-        uri.authority = None;
-    }
-    if uri.path_and_query.is_none() {
-        uri.path_and_query = Some(PathAndQuery::from_static("/"));
-    }
-    parts.uri = match Uri::from_parts(uri) {
-        Ok(uri) => uri,
-        Err(_) => {
-            return Answer::new(
-                StatusCode::BAD_REQUEST,
-                "hoist interceptor: the request target cannot be forwarded\n".to_string(),
-            )
-            .response();
-        }
+    let request = match upstream_request(request, forward, upgrade.as_ref(), peer) {
+        Ok(request) => request,
+        Err(answer) => return answer.response(),
     };
-    fields::strip_hop_by_hop(&mut parts.headers, upgrade.as_ref());
-    if route.upstream_http2 {
-        // HTTP/2 carries the host as `:authority` (the route's host).
-        parts.version = Version::HTTP_2;
-        parts.headers.remove(header::HOST);
-    } else {
-        parts.version = Version::HTTP_11;
-        if client_version == Version::HTTP_2 {
-            join_cookies(&mut parts.headers);
-        }
-    }
-    forwarded_headers(&mut parts.headers, peer, forwarded_host);
 
     // Held here, each request on its own deadline and under the cap, while
     // the upstream is at zero; connecting waits the same way for the rest.
@@ -194,7 +137,6 @@ async fn proxy(
     if let Err(error) = route.upstream.admit(deadline).await {
         return route.counted_refusal(Answer::refusal(&error));
     }
-    let request = Request::from_parts(parts, body);
     let mut response = match (&route.h2c, client_upgrade.is_some()) {
         (None, false) => {
             return match route.http1.send(request, deadline).await {
@@ -236,6 +178,98 @@ async fn proxy(
     }
 
     answered(&route, response, client_version, in_flight)
+}
+
+/// What the plan decided, owned: the request is taken apart next.
+struct Forward {
+    route: Arc<HttpRoute>,
+    /// The normalised path, when it differs from the target's.
+    rewritten: Option<String>,
+    /// The normalised host, unless the request named none (HTTP/1.0).
+    host: Option<HeaderValue>,
+}
+
+impl Forward {
+    fn of(routed: Routed<'_>) -> Self {
+        let authority = routed.authority;
+        Self {
+            route: routed.route,
+            rewritten: match routed.path {
+                Cow::Owned(path) => Some(path),
+                Cow::Borrowed(_) => None,
+            },
+            host: (!authority.host.is_empty())
+                .then(|| HeaderValue::from_bytes(&authority.normalised()).ok())
+                .flatten(),
+        }
+    }
+}
+
+/// The request as the app gets it: the normalised target and host, this
+/// hop's fields gone, hoist's forwarding fields, the upstream's version.
+fn upstream_request(
+    request: Request<Incoming>,
+    forward: Forward,
+    upgrade: Option<&HeaderValue>,
+    peer: &Peer,
+) -> Result<Request<Incoming>, Answer> {
+    let route = &forward.route;
+    let (mut parts, body) = request.into_parts();
+    let client_version = parts.version;
+    // The app gets the host hoist routed by, normalised: an HTTP/2
+    // client may name it in `:authority` only, and an HTTP/1.1
+    // absolute-form target replaces `Host` (RFC 9112 §3.2.2).
+    if let Some(value) = &forward.host {
+        parts.headers.insert(header::HOST, value.clone());
+    }
+    parts.uri = upstream_target(std::mem::take(&mut parts.uri), route, forward.rewritten)?;
+    fields::strip_hop_by_hop(&mut parts.headers, upgrade);
+    if route.upstream_http2 {
+        // HTTP/2 carries the host as `:authority` (the route's host).
+        parts.version = Version::HTTP_2;
+        parts.headers.remove(header::HOST);
+    } else {
+        parts.version = Version::HTTP_11;
+        if client_version == Version::HTTP_2 {
+            join_cookies(&mut parts.headers);
+        }
+    }
+    forwarded_headers(&mut parts.headers, peer, forward.host);
+    Ok(Request::from_parts(parts, body))
+}
+
+/// The target the app gets: the normalised path with the query as sent,
+/// in the form the route's client writes.
+fn upstream_target(uri: Uri, route: &HttpRoute, rewritten: Option<String>) -> Result<Uri, Answer> {
+    let mut uri = uri.into_parts();
+    if let Some(path) = rewritten {
+        let query = uri.path_and_query.as_ref().and_then(|pq| pq.query());
+        let target = match query {
+            Some(query) => format!("{path}?{query}"),
+            None => path,
+        };
+        uri.path_and_query = PathAndQuery::try_from(target).ok();
+    }
+    if route.upstream_http2 {
+        // hyper-util's client wants the absolute form; it sends
+        // `:authority`.
+        uri.scheme = Some(Scheme::HTTP);
+        uri.authority = route.authority.clone();
+    } else {
+        // Written as is on the connection: an HTTP/1.1 origin server gets
+        // the origin form (`/path?query`), as from any client.
+        uri.scheme = None;
+        uri.authority = None;
+    }
+    if uri.path_and_query.is_none() {
+        uri.path_and_query = Some(PathAndQuery::from_static("/"));
+    }
+    Uri::from_parts(uri).map_err(|_| {
+        Answer::new(
+            StatusCode::BAD_REQUEST,
+            "hoist interceptor: the request target cannot be forwarded\n".to_string(),
+        )
+    })
 }
 
 /// The app's response on its way to the client: its hop-by-hop fields
