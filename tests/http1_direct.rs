@@ -769,3 +769,27 @@ async fn connect_is_answered_405_by_hoist() {
     assert!(app.requests().is_empty(), "{:?}", app.requests());
     hoist.stop().await.unwrap();
 }
+
+/// No route, or a path hoist refuses: the direct path answers itself
+/// (the plan both paths share), with or without a body as asked, and
+/// serves the next request on the same connection.
+#[tokio::test]
+async fn hoists_own_404_and_400_are_given_by_the_direct_path() {
+    let (app, hoist, mut client, mut reader) = through_hoist(&[]).await;
+    for (request, expected, to_head) in [
+        ("GET /a HTTP/1.1\r\nHost: other.test\r\n\r\n", 404, false),
+        ("HEAD /a HTTP/1.1\r\nHost: other.test\r\n\r\n", 404, true),
+        ("GET /a%2Fb HTTP/1.1\r\nHost: web.test\r\n\r\n", 400, false),
+        (GET, 200, false),
+    ] {
+        client.write_all(request.as_bytes()).await.unwrap();
+        let (head, body) = reader.response(&mut client, to_head).await;
+        assert_eq!(status(&head), expected, "{request:?}: {head}");
+        if expected == 404 && !to_head {
+            assert!(body.contains("no route for host `other.test`"), "{body}");
+        }
+    }
+    assert_eq!(app.requests().len(), 1, "only the routed one");
+    assert_eq!(handed_to_hyper(&hoist).await, [], "all direct");
+    hoist.stop().await.unwrap();
+}

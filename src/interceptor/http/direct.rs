@@ -67,24 +67,13 @@ pub(super) async fn serve(mut client: ClientConnection) -> Served {
             return Served::Closed;
         }
         let mut head_deadline = None;
-        let request = loop {
+        let taken = loop {
             if !input.is_empty() {
                 let why = match prepare(&input, &client, &mut exchange.upstream_out) {
                     Step::Partial if input.len() < client.max_header_bytes => None,
                     Step::Partial => Some(Handover::LongHead),
                     Step::Fallback(why) => Some(why),
-                    Step::Direct(request) => break Some(request),
-                    Step::Answer(answer) => {
-                        let keep_open = exchange
-                            .answer(&mut client, &answer.answer, answer.close, answer.head)
-                            .await;
-                        input.advance(answer.length);
-                        if !keep_open {
-                            let _ = client.stream.shutdown().await;
-                            return Served::Closed;
-                        }
-                        break None;
-                    }
+                    Step::Taken(taken) => break taken,
                 };
                 if let Some(why) = why {
                     return Served::HandOver {
@@ -120,12 +109,21 @@ pub(super) async fn serve(mut client: ClientConnection) -> Served {
                 Ok(_) => {}
             }
         };
-        // hoist answered it itself: on to the next request.
-        let Some(request) = request else {
-            continue;
+        let (length, keep_open) = match taken {
+            Taken::Request(request) => {
+                let keep_open = exchange.run(&mut client, &request, &mut input).await;
+                (request.length, keep_open)
+            }
+            Taken::Answer(answer) => {
+                // As for a request: a shutting-down hoist says it closes.
+                let close = answer.close || client.shutdown.is_cancelled();
+                let keep_open = exchange
+                    .answer(&mut client, &answer.answer, close, answer.head)
+                    .await;
+                (answer.length, keep_open)
+            }
         };
-        let keep_open = exchange.run(&mut client, &request, &mut input).await;
-        input.advance(request.length);
+        input.advance(length);
         if input.is_empty() && input.capacity() > KEEP_AT_MOST {
             input = BytesMut::with_capacity(INPUT_CAPACITY);
         }
@@ -162,7 +160,12 @@ struct OwnAnswer {
 enum Step {
     Partial,
     Fallback(Handover),
-    Direct(Request),
+    Taken(Taken),
+}
+
+/// A request the direct path serves: proxied, or answered by hoist.
+enum Taken {
+    Request(Request),
     Answer(OwnAnswer),
 }
 
@@ -198,12 +201,12 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
     let routed = match plan(head_view, client.peer.allow_encoded_slashes, &routes.http) {
         Plan::Routed(routed) => routed,
         Plan::Answer(answer) => {
-            return Step::Answer(OwnAnswer {
+            return Step::Taken(Taken::Answer(OwnAnswer {
                 answer,
                 length,
                 close: head.close,
                 head: head.method == "HEAD",
-            });
+            }));
         }
     };
     let (route, path) = (routed.route, routed.path);
@@ -217,7 +220,7 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
     };
     request_head::write_upstream_head(out, &head, &path, fields, &forwarding);
     out.extend_from_slice(&input[head.length..length]);
-    Step::Direct(Request {
+    Step::Taken(Taken::Request(Request {
         route,
         length,
         close: head.close,
@@ -226,7 +229,7 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
             head.method,
             "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
         ),
-    })
+    }))
 }
 
 /// Buffers and the response timer of a connection, kept from request to
