@@ -193,12 +193,12 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
         return Step::Fallback(Handover::BodyInPieces);
     };
     let routes = client.routes.current();
-    let head_view = Head {
-        connect: false,
-        authority: Ok(head.authority),
-        path: head.path,
-    };
-    let routed = match plan(head_view, client.peer.allow_encoded_slashes, &routes.http) {
+    let plan = plan(
+        Head::of_direct(&head),
+        client.peer.allow_encoded_slashes,
+        &routes.http,
+    );
+    let routed = match plan {
         Plan::Routed(routed) => routed,
         Plan::Answer(answer) => {
             return Step::Taken(Taken::Answer(OwnAnswer {

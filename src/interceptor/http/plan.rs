@@ -10,6 +10,7 @@ use http::{Request, StatusCode, Version, header};
 
 use super::answer::Answer;
 use super::host::Authority;
+use super::request_head::RequestHead;
 use super::route::{HttpRoute, HttpRouter};
 use crate::interceptor::request_path;
 
@@ -68,6 +69,15 @@ pub fn plan<'a>(head: Head<'a>, allow_encoded_slashes: bool, routes: &HttpRouter
 }
 
 impl<'a> Head<'a> {
+    /// A request the direct path read (it takes no `CONNECT`).
+    pub fn of_direct(head: &RequestHead<'a>) -> Self {
+        Self {
+            connect: false,
+            authority: Ok(head.authority),
+            path: head.path,
+        }
+    }
+
     /// A request hyper read (any version).
     pub fn of_request<B>(request: &'a Request<B>) -> Self {
         Self {
