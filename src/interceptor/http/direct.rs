@@ -242,7 +242,9 @@ struct Exchange {
     upstream_in: BytesMut,
     /// What the client gets.
     client_out: Vec<u8>,
-    /// One per connection, moved forward per request (see `Http1Pool`).
+    /// One per connection, moved forward per request: extending a
+    /// registered tokio timer is an atomic update, a new one a trip to the
+    /// wheel.
     response_timer: Option<std::pin::Pin<Box<Sleep>>>,
 }
 
