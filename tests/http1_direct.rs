@@ -793,3 +793,26 @@ async fn hoists_own_404_and_400_are_given_by_the_direct_path() {
     assert_eq!(handed_to_hyper(&hoist).await, [], "all direct");
     hoist.stop().await.unwrap();
 }
+
+/// One pool per route for both paths: the app connection hyper's path
+/// used serves the direct path's next request, and hyper's again after.
+#[tokio::test]
+async fn both_paths_share_the_routes_app_connections() {
+    let (app, hoist, direct, direct_reader) = through_hoist(&[]).await;
+    // `TE` sends this connection's requests to hyper's path.
+    let hyper = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let to_hyper = "GET /a HTTP/1.1\r\nHost: web.test\r\nTE: trailers\r\n\r\n";
+    let mut clients = [
+        (hyper, Reader::default(), to_hyper),
+        (direct, direct_reader, GET),
+    ];
+    for turn in 0..4 {
+        let (client, reader, request) = &mut clients[turn % 2];
+        client.write_all(request.as_bytes()).await.unwrap();
+        let (head, body) = reader.response(client, false).await;
+        assert_eq!((status(&head), body.as_str()), (200, "ok"), "{head}");
+    }
+    assert_eq!(app.requests().len(), 4);
+    assert_eq!(app.connections(), 1, "one app connection for both paths");
+    hoist.stop().await.unwrap();
+}

@@ -27,6 +27,7 @@ use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
 use super::answer::Answer;
+use super::idle_pool::IdleConnection;
 use super::plan::{Head, Plan, plan};
 use super::request_head::{self, Forwarding, Reading};
 use super::response_head::{self, Framing, Rechunker, ResponseHead, ResponseReading};
@@ -327,7 +328,7 @@ impl Exchange {
     ) -> Result<(TcpStream, ResponseHead), Answer> {
         let mut may_reuse = true;
         'attempt: loop {
-            let idle = may_reuse.then(|| route.idle.checkout()).flatten();
+            let idle = may_reuse.then(|| route.idle.checkout_socket()).flatten();
             let reused = idle.is_some();
             let mut upstream = match idle {
                 Some(stream) => stream,
@@ -479,7 +480,7 @@ impl Exchange {
             },
         };
         if ended && head.reusable && self.upstream_in.is_empty() {
-            route.idle.checkin(upstream);
+            route.idle.checkin(IdleConnection::Socket(upstream));
         }
         Ok(())
     }

@@ -25,7 +25,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::idle_pool::IdlePool;
+use super::idle_pool::{IdleConnection, IdlePool};
 use crate::interceptor::upstream::{Upstream, UpstreamError};
 
 /// Why a request did not get a response from the upstream.
@@ -48,14 +48,15 @@ pub struct Http1Client {
     response_timeout: Duration,
 }
 
-struct PooledConnection {
+/// A connection with hyper's HTTP/1.1 client on it.
+pub struct Http1Connection {
     sender: SendRequest<Incoming>,
     /// `None` once hyper says the connection is over: a finished future
     /// must not be polled again.
     driver: Option<Connection<TokioIo<TcpStream>, Incoming>>,
 }
 
-impl PooledConnection {
+impl Http1Connection {
     /// Moves the connection along (writes, reads, state changes); false
     /// once it has closed.
     fn drive(&mut self, cx: &mut Context<'_>) -> bool {
@@ -71,8 +72,15 @@ impl PooledConnection {
         }
     }
 
+    /// The socket again, with nothing of hyper's on it; `None` when hyper
+    /// holds bytes the app sent after the message.
+    pub fn into_socket(mut self) -> Option<TcpStream> {
+        let parts = self.driver.take()?.into_parts();
+        parts.read_buf.is_empty().then(|| parts.io.into_inner())
+    }
+
     /// Open, between messages, and ready to take the next request.
-    fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
+    pub fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
         self.drive(cx) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
     }
 }
@@ -96,11 +104,14 @@ impl Http1Client {
     ) -> Result<Response<PooledBody>, SendError> {
         let head_request = request.method() == http::Method::HEAD;
         loop {
-            let (stream, reused) = match self.idle.checkout() {
-                Some(stream) => (stream, true),
-                None => (self.upstream.connect(deadline).await?, false),
+            let (mut connection, reused) = match self.idle.checkout() {
+                Some(IdleConnection::Http1(connection)) => (connection, true),
+                Some(IdleConnection::Socket(stream)) => (self.handshake(stream).await?, true),
+                None => {
+                    let stream = self.upstream.connect(deadline).await?;
+                    (self.handshake(stream).await?, false)
+                }
             };
-            let mut connection = self.handshake(stream).await?;
             let mut sending = pin!(connection.sender.try_send_request(request));
             let mut timer = pin!(tokio::time::sleep(self.response_timeout));
             let answer = poll_fn(|cx| {
@@ -176,35 +187,26 @@ impl Http1Client {
     }
 
     /// hyper's client on a connection (no I/O).
-    async fn handshake(&self, stream: TcpStream) -> Result<PooledConnection, SendError> {
+    async fn handshake(&self, stream: TcpStream) -> Result<Box<Http1Connection>, SendError> {
         let (sender, driver) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await?;
-        Ok(PooledConnection {
+        Ok(Box::new(Http1Connection {
             sender,
             driver: Some(driver),
-        })
+        }))
     }
 }
 
-/// Gives a connection whose message ended back to the idle pool as a
-/// socket; one still uploading finishes on its own, one in doubt closes.
-fn check_in(mut connection: PooledConnection, idle: &IdlePool, response_timeout: Duration) {
+/// Gives a connection whose message ended back to the idle pool; one
+/// still uploading finishes on its own.
+fn check_in(mut connection: Box<Http1Connection>, idle: &IdlePool, response_timeout: Duration) {
     // With the response read, one poll moves the connection to idle
     // and makes its sender ready.
-    if !connection.reusable(&mut Context::from_waker(Waker::noop())) {
-        if let Some(driver) = connection.driver.take() {
-            finish_upload(driver, response_timeout);
-        }
-        return;
-    }
-    let Some(driver) = connection.driver.take() else {
-        return;
-    };
-    let parts = driver.into_parts();
-    // Bytes after the message: the app said more than it was asked.
-    if parts.read_buf.is_empty() {
-        idle.checkin(parts.io.into_inner());
+    if connection.reusable(&mut Context::from_waker(Waker::noop())) {
+        idle.checkin(IdleConnection::Http1(connection));
+    } else if let Some(driver) = connection.driver.take() {
+        finish_upload(driver, response_timeout);
     }
 }
 
@@ -226,7 +228,7 @@ fn finish_upload(driver: Connection<TokioIo<TcpStream>, Incoming>, limit: Durati
 /// rest of a message).
 pub struct PooledBody {
     body: Incoming,
-    connection: Option<PooledConnection>,
+    connection: Option<Box<Http1Connection>>,
     idle: Arc<IdlePool>,
     response_timeout: Duration,
 }

@@ -1,6 +1,10 @@
-//! Idle connections to a route's upstream, for both HTTP/1.1 paths: plain
-//! sockets between messages, taken by one request at a time (the direct
-//! path writes on them; hyper's path puts its client on one per request).
+//! Idle connections to a route's upstream, for both HTTP/1.1 paths,
+//! between messages, taken by one request at a time. An entry is kept as
+//! the path that used it last left it: a plain socket (the direct path),
+//! or one with hyper's client still on it (hyper's path: its next request
+//! needs no new handshake). Either path takes either kind: the direct path
+//! takes the socket back out of hyper's client, hyper's path puts its
+//! client on a socket.
 //!
 //! Between messages an app sends nothing, so a connection that has become
 //! readable while it waited was closed by the app (or misbehaves): it is
@@ -14,6 +18,8 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+
+use super::http1_client::Http1Connection;
 
 /// How often idle connections are looked at (closed by the app, or idle
 /// past the timeout: dropped, so nothing lingers half-closed once traffic
@@ -32,8 +38,26 @@ pub struct IdlePool {
 }
 
 struct Idle {
-    stream: TcpStream,
+    connection: IdleConnection,
     since: Instant,
+}
+
+pub enum IdleConnection {
+    Socket(TcpStream),
+    /// Boxed: far larger than a socket, and kept boxed while in use.
+    Http1(Box<Http1Connection>),
+}
+
+impl IdleConnection {
+    /// Still open, and nothing arrived on it while it waited.
+    fn quiet(&mut self) -> bool {
+        match self {
+            IdleConnection::Socket(stream) => quiet(stream),
+            IdleConnection::Http1(connection) => {
+                connection.reusable(&mut Context::from_waker(Waker::noop()))
+            }
+        }
+    }
 }
 
 impl IdlePool {
@@ -49,22 +73,36 @@ impl IdlePool {
     }
 
     /// The newest idle connection still open.
-    pub fn checkout(&self) -> Option<TcpStream> {
+    pub fn checkout(&self) -> Option<IdleConnection> {
         loop {
-            let idle = self.lock().pop()?;
-            if idle.since.elapsed() < self.idle_timeout && quiet(&idle.stream) {
-                return Some(idle.stream);
+            let mut idle = self.lock().pop()?;
+            if idle.since.elapsed() < self.idle_timeout && idle.connection.quiet() {
+                return Some(idle.connection);
+            }
+        }
+    }
+
+    /// The newest idle connection still open, as a plain socket.
+    pub fn checkout_socket(&self) -> Option<TcpStream> {
+        loop {
+            match self.checkout()? {
+                IdleConnection::Socket(stream) => return Some(stream),
+                IdleConnection::Http1(connection) => {
+                    if let Some(stream) = connection.into_socket() {
+                        return Some(stream);
+                    }
+                }
             }
         }
     }
 
     /// Keeps a connection that ended a message cleanly.
-    pub fn checkin(&self, stream: TcpStream) {
+    pub fn checkin(&self, connection: IdleConnection) {
         let evicted = {
             let mut idle = self.lock();
             let evicted = (idle.len() >= self.max_idle).then(|| idle.remove(0));
             idle.push(Idle {
-                stream,
+                connection,
                 since: Instant::now(),
             });
             evicted
@@ -77,10 +115,14 @@ impl IdlePool {
         let now = Instant::now();
         let gone: Vec<Idle> = {
             let mut idle = self.lock();
-            let (kept, gone) = std::mem::take(&mut *idle).into_iter().partition(|entry| {
-                now.duration_since(entry.since) < self.idle_timeout && quiet(&entry.stream)
-            });
-            *idle = kept;
+            let mut gone = Vec::new();
+            for mut entry in std::mem::take(&mut *idle) {
+                if now.duration_since(entry.since) < self.idle_timeout && entry.connection.quiet() {
+                    idle.push(entry);
+                } else {
+                    gone.push(entry);
+                }
+            }
             gone
         };
         drop(gone);
@@ -145,9 +187,9 @@ mod tests {
         let (open, _open_end) = pair(&listener).await;
         let (closed, closed_end) = pair(&listener).await;
         let (chatty, mut chatty_end) = pair(&listener).await;
-        pool.checkin(open);
-        pool.checkin(closed);
-        pool.checkin(chatty);
+        pool.checkin(IdleConnection::Socket(open));
+        pool.checkin(IdleConnection::Socket(closed));
+        pool.checkin(IdleConnection::Socket(chatty));
         drop(closed_end);
         chatty_end.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -163,7 +205,7 @@ mod tests {
         for _ in 0..3 {
             let (client, server) = pair(&listener).await;
             ends.push(server);
-            pool.checkin(client);
+            pool.checkin(IdleConnection::Socket(client));
         }
         assert_eq!(pool.idle_count(), 2);
         tokio::time::sleep(Duration::from_millis(200)).await;
