@@ -20,11 +20,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper::client::conn::http1::{self, Connection};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::http1_connection::Http1Connection;
 use super::idle_pool::{IdleConnection, IdlePool};
 use crate::interceptor::upstream::{Upstream, UpstreamError};
 
@@ -46,43 +47,6 @@ pub struct Http1Client {
     /// From sending a request (its body included) to its response's head;
     /// also how long an upload may go on after its response ended.
     response_timeout: Duration,
-}
-
-/// A connection with hyper's HTTP/1.1 client on it.
-pub struct Http1Connection {
-    sender: SendRequest<Incoming>,
-    /// `None` once hyper says the connection is over: a finished future
-    /// must not be polled again.
-    driver: Option<Connection<TokioIo<TcpStream>, Incoming>>,
-}
-
-impl Http1Connection {
-    /// Moves the connection along (writes, reads, state changes); false
-    /// once it has closed.
-    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(driver) = self.driver.as_mut() else {
-            return false;
-        };
-        match Pin::new(driver).poll(cx) {
-            Poll::Pending => true,
-            Poll::Ready(_) => {
-                self.driver = None;
-                false
-            }
-        }
-    }
-
-    /// The socket again, with nothing of hyper's on it; `None` when hyper
-    /// holds bytes the app sent after the message.
-    pub fn into_socket(mut self) -> Option<TcpStream> {
-        let parts = self.driver.take()?.into_parts();
-        parts.read_buf.is_empty().then(|| parts.io.into_inner())
-    }
-
-    /// Open, between messages, and ready to take the next request.
-    pub fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
-        self.drive(cx) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
-    }
 }
 
 impl Http1Client {
@@ -188,13 +152,7 @@ impl Http1Client {
 
     /// hyper's client on a connection (no I/O).
     async fn handshake(&self, stream: TcpStream) -> Result<Box<Http1Connection>, SendError> {
-        let (sender, driver) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await?;
-        Ok(Box::new(Http1Connection {
-            sender,
-            driver: Some(driver),
-        }))
+        Ok(Box::new(Http1Connection::handshake(stream).await?))
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::http1_client::Http1Connection;
+use super::http1_connection::Http1Connection;
 
 /// How often idle connections are looked at (closed by the app, or idle
 /// past the timeout: dropped, so nothing lingers half-closed once traffic

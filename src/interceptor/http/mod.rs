@@ -13,6 +13,7 @@ mod fields;
 pub mod fuzz;
 mod host;
 mod http1_client;
+mod http1_connection;
 mod hyper_path;
 mod idle_pool;
 mod peer;
