@@ -20,7 +20,6 @@ use hyper::body::Incoming;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use hoist::interceptor::report::RoutesReport;
 use support::web::{Upstream, full, http_route, proxying};
 use support::{Hoist, eventually};
 
@@ -581,13 +580,6 @@ async fn doubtful_request_framing_goes_to_hyper_and_never_desynchronises_the_app
     hoist.stop().await.unwrap();
 }
 
-async fn in_flight(hoist: &Hoist) -> u64 {
-    let (status, body) = support::http_get(hoist.admin, "/interceptor/routes").await;
-    assert_eq!(status, 200, "{body}");
-    let report: RoutesReport = serde_json::from_str(&body).unwrap();
-    report.routes["web"].load.in_flight
-}
-
 #[tokio::test]
 async fn a_client_that_leaves_before_or_during_the_answer_is_let_go() {
     // Before: the app never answers. During: it sends part of a body.
@@ -600,12 +592,12 @@ async fn a_client_that_leaves_before_or_during_the_answer_is_let_go() {
         let mut client = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
         client.write_all(GET.as_bytes()).await.unwrap();
         eventually(PATIENCE, "the request to be in flight", || async {
-            in_flight(&hoist).await == 1 && app.requests().len() == 1
+            hoist.in_flight("web").await == 1 && app.requests().len() == 1
         })
         .await;
         drop(client);
         eventually(PATIENCE, "the request to be let go", || async {
-            in_flight(&hoist).await == 0
+            hoist.in_flight("web").await == 0
         })
         .await;
         hoist.stop().await.unwrap();
@@ -707,62 +699,6 @@ async fn every_response_head_is_held_to_its_cap() {
     hoist.stop().await.unwrap();
 }
 
-/// `interceptor.send_timeout`: a client that reads nothing of a large
-/// answer is let go, on the direct path and hyper's, its place in the
-/// counts given back, and counted.
-#[tokio::test]
-async fn a_client_that_reads_nothing_is_let_go_after_send_timeout() {
-    // More than every socket buffer between hoist and the client holds.
-    let big: &'static str = Box::leak(
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {0}\r\n\r\n{1}",
-            32 << 20,
-            "a".repeat(32 << 20)
-        )
-        .into_boxed_str(),
-    );
-    let app = ScriptedApp::start(&[Reply::Send(big), Reply::Send(big)]).await;
-    let mut settings = proxying_to(app.addr);
-    settings.interceptor.send_timeout = Duration::from_secs(1);
-    let hoist = Hoist::start_with(settings).await;
-    let proxy = hoist.http_proxy.unwrap();
-    // `TE` sends the second connection's request to hyper's path.
-    let mut clients = Vec::new();
-    for (round, request) in [
-        GET,
-        "GET /a HTTP/1.1\r\nHost: web.test\r\nTE: trailers\r\n\r\n",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let mut client = TcpStream::connect(proxy).await.unwrap();
-        client.write_all(request.as_bytes()).await.unwrap();
-        let expected = round as u64 + 1;
-        eventually(PATIENCE, "the connection timed out", || async {
-            send_timeouts(&hoist).await == expected
-        })
-        .await;
-        assert_eq!(in_flight(&hoist).await, 0, "its place is given back");
-        clients.push(client);
-    }
-    // What was buffered, then the end: hoist closed them.
-    for mut client in clients {
-        let mut sink = Vec::new();
-        let ended = tokio::time::timeout(PATIENCE, client.read_to_end(&mut sink)).await;
-        assert!(ended.is_ok(), "the connection is closed");
-        assert!(sink.len() < (32 << 20), "the answer was cut off");
-    }
-    hoist.stop().await.unwrap();
-}
-
-async fn send_timeouts(hoist: &Hoist) -> u64 {
-    let (_, metrics) = hoist.get("/metrics").await;
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("hoist_interceptor_http_send_timeouts_total "))
-        .map_or(0, |value| value.trim().parse().unwrap())
-}
-
 /// An app that answers HEAD, and 204 / 304 with a length, without a body,
 /// then writes that body late: first thing on the next request of the
 /// same connection, before that request's answer.
@@ -831,5 +767,52 @@ async fn connect_is_answered_405_by_hoist() {
     assert_eq!(status(&head), 405, "{head}");
     assert!(field(&head, "allow").is_some(), "{head}");
     assert!(app.requests().is_empty(), "{:?}", app.requests());
+    hoist.stop().await.unwrap();
+}
+
+/// No route, or a path hoist refuses: the direct path answers itself
+/// (the plan both paths share), with or without a body as asked, and
+/// serves the next request on the same connection.
+#[tokio::test]
+async fn hoists_own_404_and_400_are_given_by_the_direct_path() {
+    let (app, hoist, mut client, mut reader) = through_hoist(&[]).await;
+    for (request, expected, to_head) in [
+        ("GET /a HTTP/1.1\r\nHost: other.test\r\n\r\n", 404, false),
+        ("HEAD /a HTTP/1.1\r\nHost: other.test\r\n\r\n", 404, true),
+        ("GET /a%2Fb HTTP/1.1\r\nHost: web.test\r\n\r\n", 400, false),
+        (GET, 200, false),
+    ] {
+        client.write_all(request.as_bytes()).await.unwrap();
+        let (head, body) = reader.response(&mut client, to_head).await;
+        assert_eq!(status(&head), expected, "{request:?}: {head}");
+        if expected == 404 && !to_head {
+            assert!(body.contains("no route for host `other.test`"), "{body}");
+        }
+    }
+    assert_eq!(app.requests().len(), 1, "only the routed one");
+    assert_eq!(handed_to_hyper(&hoist).await, [], "all direct");
+    hoist.stop().await.unwrap();
+}
+
+/// One pool per route for both paths: the app connection hyper's path
+/// used serves the direct path's next request, and hyper's again after.
+#[tokio::test]
+async fn both_paths_share_the_routes_app_connections() {
+    let (app, hoist, direct, direct_reader) = through_hoist(&[]).await;
+    // `TE` sends this connection's requests to hyper's path.
+    let hyper = TcpStream::connect(hoist.http_proxy.unwrap()).await.unwrap();
+    let to_hyper = "GET /a HTTP/1.1\r\nHost: web.test\r\nTE: trailers\r\n\r\n";
+    let mut clients = [
+        (hyper, Reader::default(), to_hyper),
+        (direct, direct_reader, GET),
+    ];
+    for turn in 0..4 {
+        let (client, reader, request) = &mut clients[turn % 2];
+        client.write_all(request.as_bytes()).await.unwrap();
+        let (head, body) = reader.response(client, false).await;
+        assert_eq!((status(&head), body.as_str()), (200, "ok"), "{head}");
+    }
+    assert_eq!(app.requests().len(), 4);
+    assert_eq!(app.connections(), 1, "one app connection for both paths");
     hoist.stop().await.unwrap();
 }

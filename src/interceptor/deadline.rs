@@ -84,8 +84,8 @@ pub struct Deadlines<T> {
     send: Option<SendDeadline>,
 }
 
-/// The write side's deadline: armed when a write waits, disarmed by any
-/// write that goes through.
+/// The write side's deadline: armed when a write waits, disarmed by a
+/// write that moves bytes.
 struct SendDeadline {
     timeout: Duration,
     /// Connections it closed, for the metric.
@@ -121,19 +121,24 @@ impl<T> Deadlines<T> {
         self
     }
 
-    /// After a write (or flush) returned `result`: a write that went
-    /// through disarms the deadline, one that waits arms it (from the
-    /// start of the wait) and fails once it passed.
+    /// After a write (or flush) returned `result`: a write that moved a
+    /// byte disarms the deadline, one that waits arms it (from the start of
+    /// the wait) and fails once it passed. A flush never disarms it: it is
+    /// `Ready` on a socket whatever the client took, so a flush between two
+    /// stalled writes would restart the wait.
     fn send_deadline<R>(
         &mut self,
         cx: &mut Context<'_>,
         result: Poll<io::Result<R>>,
+        progressed: bool,
     ) -> Poll<io::Result<R>> {
         let Some(send) = &mut self.send else {
             return result;
         };
         if result.is_ready() {
-            send.waiting = false;
+            if progressed {
+                send.waiting = false;
+            }
             return result;
         }
         let now = Instant::now();
@@ -232,7 +237,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deadlines<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.send_deadline(cx, written)
+        let progressed = matches!(written, Poll::Ready(Ok(n)) if n > 0);
+        self.send_deadline(cx, written, progressed)
     }
 
     fn poll_write_vectored(
@@ -241,7 +247,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deadlines<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.send_deadline(cx, written)
+        let progressed = matches!(written, Poll::Ready(Ok(n)) if n > 0);
+        self.send_deadline(cx, written, progressed)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -250,7 +257,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deadlines<T> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let flushed = Pin::new(&mut self.io).poll_flush(cx);
-        self.send_deadline(cx, flushed)
+        self.send_deadline(cx, flushed, false)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -313,5 +320,31 @@ mod tests {
         stream.write_all(&[0; 16 * 1024]).await.unwrap();
         reader.await.unwrap();
         assert_eq!(fired.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_between_stalled_writes_does_not_restart_the_wait() {
+        let (mut stream, _client, fired) = sending(1024);
+        stream.write_all(&[0; 1024]).await.unwrap();
+        let started = Instant::now();
+        let mut stalled = Box::pin(stream.write_all(&[0; 1024]));
+        assert!(
+            tokio::time::timeout(Duration::from_secs(40), &mut stalled)
+                .await
+                .is_err()
+        );
+        drop(stalled);
+        stream.flush().await.unwrap();
+        let error = stream
+            .write_all(&[0; 1024])
+            .await
+            .expect_err("still stalled");
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(60),
+            "from the first wait"
+        );
+        assert_eq!(fired.load(Ordering::Relaxed), 1);
     }
 }

@@ -14,7 +14,6 @@ mod dial;
 pub mod fleet;
 pub mod follow;
 mod http;
-mod http1_pool;
 mod refusal;
 pub mod report;
 mod request_path;

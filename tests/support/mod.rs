@@ -518,6 +518,23 @@ impl Hoist {
         http_get(self.admin, path).await
     }
 
+    /// `route`'s requests in flight, as `/interceptor/routes` reports them.
+    pub async fn in_flight(&self, route: &str) -> u64 {
+        let (status, body) = self.get("/interceptor/routes").await;
+        assert_eq!(status, 200, "{body}");
+        let report: hoist::interceptor::report::RoutesReport = serde_json::from_str(&body).unwrap();
+        report.routes[route].load.in_flight
+    }
+
+    /// HTTP client connections `send_timeout` closed (`/metrics`).
+    pub async fn send_timeouts(&self) -> u64 {
+        let (_, metrics) = self.get("/metrics").await;
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("hoist_interceptor_http_send_timeouts_total "))
+            .map_or(0, |value| value.trim().parse().unwrap())
+    }
+
     /// `GetMetrics` for `object`: the int and the float value.
     pub async fn metric(&self, object: &ScaledObjectRef) -> Result<(i64, f64), tonic::Status> {
         let response = self

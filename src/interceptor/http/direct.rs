@@ -26,9 +26,13 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
+use super::answer::Answer;
+use super::idle_pool::IdleConnection;
+use super::plan::{Head, Plan, plan};
 use super::request_head::{self, Forwarding, Reading};
 use super::response_head::{self, Framing, Rechunker, ResponseHead, ResponseReading};
-use super::{Answer, ClientConnection, HEADER_READ_TIMEOUT, Handover, HttpRoute, request_path};
+use super::route::HttpRoute;
+use super::{ClientConnection, HEADER_READ_TIMEOUT, Handover};
 
 /// What a connection's input buffer starts with.
 const INPUT_CAPACITY: usize = 4096;
@@ -37,9 +41,22 @@ const READ_SIZE: usize = 8192;
 /// A response head longer than this is refused (502).
 const MAX_RESPONSE_HEAD: usize = 128 * 1024;
 
+/// How the direct path left a client connection.
+pub(super) enum Served {
+    /// Closed (by the client, a deadline, an answer, or hoist's shutdown).
+    Closed,
+    /// For hyper, from the first byte of a request the direct path does
+    /// not take (`already_read` starts with it).
+    HandOver {
+        client: Box<ClientConnection>,
+        already_read: BytesMut,
+        why: Handover,
+    },
+}
+
 /// Serves a client connection until it closes, or until hoist shuts down
-/// between its requests, or hands it to hyper.
-pub(super) async fn serve(mut client: ClientConnection) {
+/// between its requests, or says which request hyper must take it from.
+pub(super) async fn serve(mut client: ClientConnection) -> Served {
     let mut input = BytesMut::with_capacity(INPUT_CAPACITY);
     let mut exchange = Exchange::default();
     let shutdown = client.shutdown.clone();
@@ -48,20 +65,23 @@ pub(super) async fn serve(mut client: ClientConnection) {
         // Once hoist shuts down, no new request is taken (as hyper's
         // graceful shutdown does); the last answer said `close`.
         if shutdown.is_cancelled() {
-            return;
+            return Served::Closed;
         }
         let mut head_deadline = None;
-        let request = loop {
+        let taken = loop {
             if !input.is_empty() {
                 let why = match prepare(&input, &client, &mut exchange.upstream_out) {
                     Step::Partial if input.len() < client.max_header_bytes => None,
                     Step::Partial => Some(Handover::LongHead),
                     Step::Fallback(why) => Some(why),
-                    Step::Direct(request) => break request,
+                    Step::Taken(taken) => break taken,
                 };
                 if let Some(why) = why {
-                    client.routes.http_handovers.count(why);
-                    return super::serve_with_hyper(client, input).await;
+                    return Served::HandOver {
+                        client: Box::new(client),
+                        already_read: input,
+                        why,
+                    };
                 }
             }
             input.reserve(INPUT_CAPACITY);
@@ -70,7 +90,7 @@ pub(super) async fn serve(mut client: ClientConnection) {
                 tokio::select! {
                     biased;
                     read = client.stream.read_buf(&mut input) => read,
-                    () = closing.as_mut() => return,
+                    () = closing.as_mut() => return Served::Closed,
                 }
             } else {
                 // A head in pieces gets what hyper gives one (slow-loris).
@@ -80,25 +100,38 @@ pub(super) async fn serve(mut client: ClientConnection) {
                     biased;
                     read = tokio::time::timeout_at(deadline, client.stream.read_buf(&mut input)) => match read {
                         Ok(read) => read,
-                        Err(_) => return,
+                        Err(_) => return Served::Closed,
                     },
-                    () = closing.as_mut() => return,
+                    () = closing.as_mut() => return Served::Closed,
                 }
             };
             match read {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return Served::Closed,
                 Ok(_) => {}
             }
         };
-        let keep_open = exchange.run(&mut client, &request, &mut input).await;
-        input.advance(request.length);
+        let (length, keep_open) = match taken {
+            Taken::Request(request) => {
+                let keep_open = exchange.run(&mut client, &request, &mut input).await;
+                (request.length, keep_open)
+            }
+            Taken::Answer(answer) => {
+                // As for a request: a shutting-down hoist says it closes.
+                let close = answer.close || client.shutdown.is_cancelled();
+                let keep_open = exchange
+                    .answer(&mut client, &answer.answer, close, answer.head)
+                    .await;
+                (answer.length, keep_open)
+            }
+        };
+        input.advance(length);
         if input.is_empty() && input.capacity() > KEEP_AT_MOST {
             input = BytesMut::with_capacity(INPUT_CAPACITY);
         }
         exchange.shrink();
         if !keep_open {
             let _ = client.stream.shutdown().await;
-            return;
+            return Served::Closed;
         }
     }
 }
@@ -116,10 +149,25 @@ struct Request {
     idempotent: bool,
 }
 
+/// A request hoist answers itself (no route, a path it refuses).
+struct OwnAnswer {
+    answer: Answer,
+    /// Head and body, in the input.
+    length: usize,
+    close: bool,
+    head: bool,
+}
+
 enum Step {
     Partial,
     Fallback(Handover),
-    Direct(Request),
+    Taken(Taken),
+}
+
+/// A request the direct path serves: proxied, or answered by hoist.
+enum Taken {
+    Request(Request),
+    Answer(OwnAnswer),
 }
 
 /// Reads the head at the start of `input` and, for a request the direct
@@ -145,14 +193,24 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
     else {
         return Step::Fallback(Handover::BodyInPieces);
     };
-    // A path refused, or no route: hyper gives the answer (400, 404).
-    let Ok(path) = request_path::normalize(head.path, client.peer.allow_encoded_slashes) else {
-        return Step::Fallback(Handover::Answer);
-    };
     let routes = client.routes.current();
-    let Some(route) = routes.http.find(head.host, &path) else {
-        return Step::Fallback(Handover::Answer);
+    let plan = plan(
+        Head::of_direct(&head),
+        client.peer.allow_encoded_slashes,
+        &routes.http,
+    );
+    let routed = match plan {
+        Plan::Routed(routed) => routed,
+        Plan::Answer(answer) => {
+            return Step::Taken(Taken::Answer(OwnAnswer {
+                answer,
+                length,
+                close: head.close,
+                head: head.method == "HEAD",
+            }));
+        }
     };
+    let (route, path) = (routed.route, routed.path);
     if route.upstream_http2 {
         return Step::Fallback(Handover::UpstreamH2c);
     }
@@ -163,8 +221,8 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
     };
     request_head::write_upstream_head(out, &head, &path, fields, &forwarding);
     out.extend_from_slice(&input[head.length..length]);
-    Step::Direct(Request {
-        route: route.clone(),
+    Step::Taken(Taken::Request(Request {
+        route,
         length,
         close: head.close,
         head: head.method == "HEAD",
@@ -172,7 +230,7 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
             head.method,
             "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
         ),
-    })
+    }))
 }
 
 /// Buffers and the response timer of a connection, kept from request to
@@ -185,7 +243,9 @@ struct Exchange {
     upstream_in: BytesMut,
     /// What the client gets.
     client_out: Vec<u8>,
-    /// One per connection, moved forward per request (see `Http1Pool`).
+    /// One per connection, moved forward per request: extending a
+    /// registered tokio timer is an atomic update, a new one a trip to the
+    /// wheel.
     response_timer: Option<std::pin::Pin<Box<Sleep>>>,
 }
 
@@ -234,9 +294,8 @@ impl Exchange {
         };
         if let Err(error) = admitted {
             let answer = Answer::refusal(&error);
-            return self
-                .answer(client, route, answer, close, request.head)
-                .await;
+            route.counters.refused(answer.status.as_u16());
+            return self.answer(client, &answer, close, request.head).await;
         }
         let sent = tokio::select! {
             biased;
@@ -246,9 +305,8 @@ impl Exchange {
         let (upstream, head) = match sent {
             Ok(answered) => answered,
             Err(answer) => {
-                return self
-                    .answer(client, route, answer, close, request.head)
-                    .await;
+                route.counters.refused(answer.status.as_u16());
+                return self.answer(client, &answer, close, request.head).await;
             }
         };
         route.upstream.reached();
@@ -270,7 +328,7 @@ impl Exchange {
     ) -> Result<(TcpStream, ResponseHead), Answer> {
         let mut may_reuse = true;
         'attempt: loop {
-            let idle = may_reuse.then(|| route.direct.checkout()).flatten();
+            let idle = may_reuse.then(|| route.idle.checkout_socket()).flatten();
             let reused = idle.is_some();
             let mut upstream = match idle {
                 Some(stream) => stream,
@@ -422,7 +480,7 @@ impl Exchange {
             },
         };
         if ended && head.reusable && self.upstream_in.is_empty() {
-            route.direct.checkin(upstream);
+            route.idle.checkin(IdleConnection::Socket(upstream));
         }
         Ok(())
     }
@@ -459,16 +517,14 @@ impl Exchange {
         }
     }
 
-    /// Answers the client from the interceptor itself (counted).
+    /// Answers the client from the interceptor itself.
     async fn answer(
         &mut self,
         client: &mut ClientConnection,
-        route: &HttpRoute,
-        answer: Answer,
+        answer: &Answer,
         close: bool,
         head: bool,
     ) -> bool {
-        route.counters.refused(answer.status.as_u16());
         self.client_out.clear();
         answer.write_http1(&mut self.client_out, close, head);
         write(&mut client.stream, &self.client_out).await.is_ok() && !close

@@ -12,6 +12,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::plan::Head;
 use super::request_head::{self, Forwarding, Reading};
 use super::response_head::{self, Framing, Rechunker, ResponseReading};
 
@@ -65,7 +66,7 @@ pub fn request_head(bytes: &[u8]) {
         !parsed
             .headers
             .iter()
-            .any(|field| super::folded_names::is_underscore_alias(field.name)),
+            .any(|field| super::fields::classify(field.name).role == super::fields::Role::Alias),
         "an underscore spelling reached the app"
     );
 }
@@ -162,6 +163,14 @@ pub struct Seen {
     /// Lower-case names and values, sorted.
     pub fields: Vec<(String, Vec<u8>)>,
     pub body: Vec<u8>,
+    /// What the routing decision (`plan`) reads of it: the same on both
+    /// paths, so both route it alike.
+    pub plan_reads: String,
+}
+
+/// The `Head` that `plan` decides on, as text to compare.
+fn plan_reads(head: &Head<'_>) -> String {
+    format!("{} {:?} {}", head.connect, head.authority, head.path)
 }
 
 /// Differential: a request the direct path takes is read by hyper's
@@ -196,6 +205,7 @@ pub async fn differential(bytes: &[u8]) {
         target,
         fields: expected_fields,
         body: bytes[head.length..end].to_vec(),
+        plan_reads: plan_reads(&Head::of_direct(&head)),
     };
     let seen = hyper_reads(&bytes[..end]).await;
     match seen.as_slice() {
@@ -223,6 +233,7 @@ async fn hyper_reads(bytes: &[u8]) -> Vec<Seen> {
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let recorded = recorded.clone();
         async move {
+            let plan_reads = plan_reads(&Head::of_request(&request));
             let (parts, body) = request.into_parts();
             let body = body.collect().await?.to_bytes().to_vec();
             let mut fields: Vec<(String, Vec<u8>)> = parts
@@ -239,6 +250,7 @@ async fn hyper_reads(bytes: &[u8]) -> Vec<Seen> {
                     target: parts.uri.to_string(),
                     fields,
                     body,
+                    plan_reads,
                 });
             Ok::<_, hyper::Error>(hyper::Response::new(Empty::<Bytes>::new()))
         }

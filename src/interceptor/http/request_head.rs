@@ -13,6 +13,7 @@
 
 use std::mem::MaybeUninit;
 
+use super::fields::{self, Role};
 use super::host::Authority;
 
 /// Header fields read per message, at most (hyper's default too).
@@ -112,24 +113,27 @@ fn check<'b>(
     let mut close = false;
     let mut kept = 0u128;
     for (index, field) in fields.iter().enumerate() {
-        match classify(field.name) {
-            Class::Kept => kept |= 1 << index,
-            Class::Dropped => {}
-            Class::Unsure => return None,
-            Class::Host => {
+        let class = fields::classify(field.name);
+        if class.hand_over {
+            return None;
+        }
+        match class.role {
+            Role::EndToEnd => kept |= 1 << index,
+            Role::HopByHop | Role::Forwarding | Role::Alias => {}
+            Role::Host => {
                 // Written normalised, not as sent.
                 if host_header.replace(field.value).is_some() {
                     return None;
                 }
             }
-            Class::ContentLength => {
+            Role::ContentLength => {
                 if content_length.is_some() {
                     return None;
                 }
                 content_length = Some(digits(field.value)?);
                 kept |= 1 << index;
             }
-            Class::Connection => {
+            Role::Connection => {
                 for option in field.value.split(|b| *b == b',') {
                     let option = option.trim_ascii();
                     if option.eq_ignore_ascii_case(b"close") {
@@ -158,43 +162,6 @@ fn check<'b>(
         length,
         kept: Kept(kept),
     })
-}
-
-enum Class {
-    Kept,
-    /// Hop-by-hop, a forwarding header hoist writes itself, or a `_`
-    /// spelling of one of those or of a framing header.
-    Dropped,
-    /// The request goes to hyper.
-    Unsure,
-    Host,
-    ContentLength,
-    Connection,
-}
-
-fn classify(name: &str) -> Class {
-    let is = |known: &str| name.eq_ignore_ascii_case(known);
-    // The length first: most names are ruled out by it alone.
-    match name.len() {
-        2 if is("te") => Class::Unsure,
-        4 if is("host") => Class::Host,
-        6 if is("expect") => Class::Unsure,
-        7 if is("upgrade") || is("trailer") => Class::Unsure,
-        9 if is("forwarded") => Class::Dropped,
-        9 if is("x-real-ip") => Class::Dropped,
-        10 if is("connection") => Class::Connection,
-        10 if is("keep-alive") => Class::Dropped,
-        14 if is("content-length") => Class::ContentLength,
-        14 if is("http2-settings") => Class::Unsure,
-        15 if is("x-forwarded-for") => Class::Dropped,
-        16 if is("x-forwarded-host") || is("proxy-connection") => Class::Dropped,
-        17 if is("transfer-encoding") => Class::Unsure,
-        17 if is("x-forwarded-proto") => Class::Dropped,
-        18 if is("proxy-authenticate") => Class::Dropped,
-        19 if is("proxy-authorization") => Class::Dropped,
-        _ if super::folded_names::is_underscore_alias(name) => Class::Dropped,
-        _ => Class::Kept,
-    }
 }
 
 /// A `Content-Length` value: digits only, no sign, no list, no overflow.

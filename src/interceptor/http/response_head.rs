@@ -13,7 +13,7 @@
 use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::is_hop_by_hop;
+use super::fields;
 use super::request_head::{MAX_HEADERS, digits, field_line};
 
 /// How the body of a response ends.
@@ -193,8 +193,7 @@ fn final_or_interim(
             // app's `Connection` names it; written once.
             chunked || status == 204 || std::mem::replace(&mut wrote_length, true)
         } else {
-            is_hop_by_hop(name)
-                || super::folded_names::is_underscore_alias(name)
+            fields::classify(name).role.stays_behind()
                 || named
                     .iter()
                     .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))

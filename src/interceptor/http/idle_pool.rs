@@ -1,5 +1,10 @@
-//! Idle upstream connections of one route, for the direct path: plain
-//! sockets between messages, taken by one request at a time.
+//! Idle connections to a route's upstream, for both HTTP/1.1 paths,
+//! between messages, taken by one request at a time. An entry is kept as
+//! the path that used it last left it: a plain socket (the direct path),
+//! or one with hyper's client still on it (hyper's path: its next request
+//! needs no new handshake). Either path takes either kind: the direct path
+//! takes the socket back out of hyper's client, hyper's path puts its
+//! client on a socket.
 //!
 //! Between messages an app sends nothing, so a connection that has become
 //! readable while it waited was closed by the app (or misbehaves): it is
@@ -14,6 +19,8 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::http1_connection::Http1Connection;
+
 /// How often idle connections are looked at (closed by the app, or idle
 /// past the timeout: dropped, so nothing lingers half-closed once traffic
 /// stops).
@@ -23,7 +30,7 @@ const SWEEP_EVERY: Duration = if cfg!(test) {
     Duration::from_secs(5)
 };
 
-pub struct DirectPool {
+pub struct IdlePool {
     /// Oldest first; requests take the newest (the one most likely alive).
     idle: Mutex<Vec<Idle>>,
     max_idle: usize,
@@ -31,11 +38,29 @@ pub struct DirectPool {
 }
 
 struct Idle {
-    stream: TcpStream,
+    connection: IdleConnection,
     since: Instant,
 }
 
-impl DirectPool {
+pub enum IdleConnection {
+    Socket(TcpStream),
+    /// Boxed: far larger than a socket, and kept boxed while in use.
+    Http1(Box<Http1Connection>),
+}
+
+impl IdleConnection {
+    /// Still open, and nothing arrived on it while it waited.
+    fn quiet(&mut self) -> bool {
+        match self {
+            IdleConnection::Socket(stream) => quiet(stream),
+            IdleConnection::Http1(connection) => {
+                connection.reusable(&mut Context::from_waker(Waker::noop()))
+            }
+        }
+    }
+}
+
+impl IdlePool {
     /// A pool, and its sweeper task (which ends with the pool).
     pub fn new(max_idle: usize, idle_timeout: Duration) -> Arc<Self> {
         let pool = Arc::new(Self {
@@ -48,22 +73,36 @@ impl DirectPool {
     }
 
     /// The newest idle connection still open.
-    pub fn checkout(&self) -> Option<TcpStream> {
+    pub fn checkout(&self) -> Option<IdleConnection> {
         loop {
-            let idle = self.lock().pop()?;
-            if idle.since.elapsed() < self.idle_timeout && quiet(&idle.stream) {
-                return Some(idle.stream);
+            let mut idle = self.lock().pop()?;
+            if idle.since.elapsed() < self.idle_timeout && idle.connection.quiet() {
+                return Some(idle.connection);
+            }
+        }
+    }
+
+    /// The newest idle connection still open, as a plain socket.
+    pub fn checkout_socket(&self) -> Option<TcpStream> {
+        loop {
+            match self.checkout()? {
+                IdleConnection::Socket(stream) => return Some(stream),
+                IdleConnection::Http1(connection) => {
+                    if let Some(stream) = connection.into_socket() {
+                        return Some(stream);
+                    }
+                }
             }
         }
     }
 
     /// Keeps a connection that ended a message cleanly.
-    pub fn checkin(&self, stream: TcpStream) {
+    pub fn checkin(&self, connection: IdleConnection) {
         let evicted = {
             let mut idle = self.lock();
             let evicted = (idle.len() >= self.max_idle).then(|| idle.remove(0));
             idle.push(Idle {
-                stream,
+                connection,
                 since: Instant::now(),
             });
             evicted
@@ -76,10 +115,14 @@ impl DirectPool {
         let now = Instant::now();
         let gone: Vec<Idle> = {
             let mut idle = self.lock();
-            let (kept, gone) = std::mem::take(&mut *idle).into_iter().partition(|entry| {
-                now.duration_since(entry.since) < self.idle_timeout && quiet(&entry.stream)
-            });
-            *idle = kept;
+            let mut gone = Vec::new();
+            for mut entry in std::mem::take(&mut *idle) {
+                if now.duration_since(entry.since) < self.idle_timeout && entry.connection.quiet() {
+                    idle.push(entry);
+                } else {
+                    gone.push(entry);
+                }
+            }
             gone
         };
         drop(gone);
@@ -93,12 +136,12 @@ impl DirectPool {
     }
 
     #[cfg(test)]
-    fn idle_count(&self) -> usize {
+    pub fn idle_count(&self) -> usize {
         self.lock().len()
     }
 }
 
-async fn sweep_while_alive(pool: Weak<DirectPool>) {
+async fn sweep_while_alive(pool: Weak<IdlePool>) {
     let mut ticks = tokio::time::interval(SWEEP_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -140,13 +183,13 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_app_closed_or_wrote_on_is_not_taken() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let pool = DirectPool::new(8, Duration::from_secs(60));
+        let pool = IdlePool::new(8, Duration::from_secs(60));
         let (open, _open_end) = pair(&listener).await;
         let (closed, closed_end) = pair(&listener).await;
         let (chatty, mut chatty_end) = pair(&listener).await;
-        pool.checkin(open);
-        pool.checkin(closed);
-        pool.checkin(chatty);
+        pool.checkin(IdleConnection::Socket(open));
+        pool.checkin(IdleConnection::Socket(closed));
+        pool.checkin(IdleConnection::Socket(chatty));
         drop(closed_end);
         chatty_end.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -157,12 +200,12 @@ mod tests {
     #[tokio::test]
     async fn idle_connections_expire_and_the_cap_holds() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let pool = DirectPool::new(2, Duration::from_millis(100));
+        let pool = IdlePool::new(2, Duration::from_millis(100));
         let mut ends = Vec::new();
         for _ in 0..3 {
             let (client, server) = pair(&listener).await;
             ends.push(server);
-            pool.checkin(client);
+            pool.checkin(IdleConnection::Socket(client));
         }
         assert_eq!(pool.idle_count(), 2);
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -1,32 +1,33 @@
-//! HTTP/1.1 connections to one route's upstream, each driven by the request
-//! that uses it.
+//! hyper's path to an HTTP/1.1 upstream: a request sent on one of the
+//! route's idle connections (`IdlePool`, shared with the direct path) or
+//! a new one, the connection driven by the request that uses it.
 //!
 //! hyper-util's pooled client wants an absolute URI per request, keys its
 //! pool by scheme and authority, and runs every connection on a task of
 //! its own that requests reach through channels. A route has one upstream,
 //! so none of that is needed: here the request's task polls the connection
-//! itself, from sending the request to the last byte of the response body,
-//! and an idle connection waits in the pool unpolled (a proxied request
-//! costs 15.0 µs of CPU instead of 16.5 µs; docs/BENCHMARKS.md, finding
-//! 3). Upgrades and h2c upstreams keep hyper-util's client, which they
-//! need.
+//! itself, from sending the request to the last byte of the response body
+//! (docs/BENCHMARKS.md, finding 3), and once the message ended cleanly the
+//! socket goes back to the idle pool, where either path takes it next.
+//! Upgrades and h2c upstreams keep hyper-util's client, which they need.
 
-use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper::client::conn::http1::{self, Connection};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
-use super::upstream::{Upstream, UpstreamError};
+use super::http1_connection::Http1Connection;
+use super::idle_pool::{IdleConnection, IdlePool};
+use crate::interceptor::upstream::{Upstream, UpstreamError};
 
 /// Why a request did not get a response from the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -39,114 +40,44 @@ pub enum SendError {
     ResponseTimeout(Duration),
 }
 
-/// How often idle connections are looked at: closed by the app, or idle
-/// past the timeout, they are dropped.
-const SWEEP_EVERY: Duration = if cfg!(test) {
-    Duration::from_millis(20)
-} else {
-    Duration::from_secs(5)
-};
-
-/// The idle connections of one route.
-pub struct Http1Pool {
+/// Sends a route's plain requests that hyper read.
+pub struct Http1Client {
     upstream: Arc<Upstream>,
-    /// Oldest first; requests take the newest (the one most likely alive).
-    idle: Mutex<VecDeque<Idle>>,
-    max_idle: usize,
-    idle_timeout: Duration,
+    idle: Arc<IdlePool>,
     /// From sending a request (its body included) to its response's head;
     /// also how long an upload may go on after its response ended.
     response_timeout: Duration,
 }
 
-struct Idle {
-    connection: PooledConnection,
-    since: Instant,
-}
-
-struct PooledConnection {
-    sender: SendRequest<Incoming>,
-    /// `None` once hyper says the connection is over: a finished future
-    /// must not be polled again.
-    driver: Option<Connection<TokioIo<TcpStream>, Incoming>>,
-    /// The response timeout of the request on this connection. One timer
-    /// per connection, moved forward per request: extending a registered
-    /// tokio timer is an atomic update, a new one a trip to the wheel.
-    response_timer: Pin<Box<Sleep>>,
-}
-
-impl PooledConnection {
-    /// Moves the connection along (writes, reads, state changes); false
-    /// once it has closed.
-    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(driver) = self.driver.as_mut() else {
-            return false;
-        };
-        match Pin::new(driver).poll(cx) {
-            Poll::Pending => true,
-            Poll::Ready(_) => {
-                self.driver = None;
-                false
-            }
-        }
-    }
-
-    /// Open, between messages, and ready to take the next request.
-    fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
-        self.drive(cx) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
-    }
-}
-
-impl Http1Pool {
-    /// A pool, and its sweeper task (which ends with the pool).
-    pub fn new(
-        upstream: Arc<Upstream>,
-        max_idle: usize,
-        idle_timeout: Duration,
-        response_timeout: Duration,
-    ) -> Arc<Self> {
-        let pool = Arc::new(Self {
-            response_timeout,
+impl Http1Client {
+    pub fn new(upstream: Arc<Upstream>, idle: Arc<IdlePool>, response_timeout: Duration) -> Self {
+        Self {
             upstream,
-            idle: Mutex::new(VecDeque::new()),
-            // Room for one at least: checkin makes room before it adds.
-            max_idle: max_idle.max(1),
-            idle_timeout,
-        });
-        let weak = Arc::downgrade(&pool);
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(SWEEP_EVERY);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                let Some(pool) = weak.upgrade() else {
-                    return;
-                };
-                pool.sweep();
-            }
-        });
-        pool
+            idle,
+            response_timeout,
+        }
     }
 
     /// Sends `request` on an idle connection, or on a new one (holding
     /// through a cold start until `deadline`), and returns the response
     /// whose body drives the connection and gives it back when done.
     pub async fn send(
-        self: &Arc<Self>,
+        &self,
         mut request: Request<Incoming>,
         deadline: Instant,
     ) -> Result<Response<PooledBody>, SendError> {
         let head_request = request.method() == http::Method::HEAD;
         loop {
-            let (mut connection, reused) = match self.checkout().await {
-                Some(connection) => (connection, true),
-                None => (self.connect(deadline).await?, false),
+            let (mut connection, reused) = match self.idle.checkout() {
+                Some(IdleConnection::Http1(connection)) => (connection, true),
+                Some(IdleConnection::Socket(stream)) => (self.handshake(stream).await?, true),
+                None => {
+                    let stream = self.upstream.connect(deadline).await?;
+                    (self.handshake(stream).await?, false)
+                }
             };
             let mut sending = pin!(connection.sender.try_send_request(request));
-            connection
-                .response_timer
-                .as_mut()
-                .reset(Instant::now() + self.response_timeout);
+            let mut timer = pin!(tokio::time::sleep(self.response_timeout));
             let answer = poll_fn(|cx| {
                 connection.drive(cx);
                 // Once the connection has ended, hyper has answered the
@@ -154,7 +85,7 @@ impl Http1Pool {
                 if let Poll::Ready(answer) = sending.as_mut().poll(cx) {
                     return Poll::Ready(Some(answer));
                 }
-                connection.response_timer.as_mut().poll(cx).map(|()| None)
+                timer.as_mut().poll(cx).map(|()| None)
             })
             .await;
             // On time out the connection is dropped: it is in the middle
@@ -179,7 +110,8 @@ impl Http1Pool {
                     return Ok(response.map(|body| PooledBody {
                         body,
                         connection: (!late_body).then_some(connection),
-                        pool: self.clone(),
+                        idle: self.idle.clone(),
+                        response_timeout: self.response_timeout,
                     }));
                 }
                 Err(mut error) => match error.take_message() {
@@ -192,94 +124,47 @@ impl Http1Pool {
         }
     }
 
-    async fn connect(&self, deadline: Instant) -> Result<PooledConnection, SendError> {
+    /// Sends an upgrade request (WebSocket...) on a connection of its own:
+    /// a tunnel is never given back to the pool. hyper's client runs on a
+    /// task until the upgrade is done.
+    pub async fn send_upgrade(
+        &self,
+        request: Request<Incoming>,
+        deadline: Instant,
+    ) -> Result<Response<Incoming>, SendError> {
         let stream = self.upstream.connect(deadline).await?;
-        let (sender, driver) = http1::Builder::new()
+        let (mut sender, driver) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await?;
-        Ok(PooledConnection {
-            sender,
-            driver: Some(driver),
-            response_timer: Box::pin(tokio::time::sleep(self.response_timeout)),
-        })
-    }
-
-    /// The newest idle connection still open. Polling it notices an app
-    /// that closed it while it waited.
-    async fn checkout(&self) -> Option<PooledConnection> {
-        loop {
-            // (The lock is released at the end of this statement.)
-            let idle = self.lock().pop_back()?;
-            if idle.since.elapsed() >= self.idle_timeout {
-                continue;
-            }
-            let mut connection = idle.connection;
-            if poll_fn(|cx| Poll::Ready(connection.reusable(cx))).await {
-                return Some(connection);
-            }
-        }
-    }
-
-    fn checkin(&self, mut connection: PooledConnection) {
-        // With the response read, one poll moves the connection to idle
-        // and makes its sender ready; nobody waits on it until a request
-        // takes it and polls it with its own waker.
-        if !connection.reusable(&mut Context::from_waker(Waker::noop())) {
-            if let Some(driver) = connection.driver.take() {
-                finish_upload(driver, self.response_timeout);
-            }
-            return;
-        }
-        // Expired ones are the sweeper's; here only the cap is kept.
-        let mut evicted = Vec::new();
-        {
-            let mut idle = self.lock();
-            while idle.len() >= self.max_idle {
-                evicted.extend(idle.pop_front());
-            }
-            idle.push_back(Idle {
-                connection,
-                since: Instant::now(),
-            });
-        }
-        // Closed here, not under the lock.
-        drop(evicted);
-    }
-
-    /// Drops the idle connections the app has closed (one poll notices
-    /// its FIN) and those idle past the timeout, so that nothing lingers
-    /// half-closed once traffic stops (a route at zero).
-    fn sweep(&self) {
-        let now = Instant::now();
-        let mut cx = Context::from_waker(Waker::noop());
-        let mut gone = Vec::new();
-        {
-            let mut idle = self.lock();
-            let mut kept = VecDeque::with_capacity(idle.len());
-            for mut entry in idle.drain(..) {
-                if now.duration_since(entry.since) < self.idle_timeout
-                    && entry.connection.reusable(&mut cx)
-                {
-                    kept.push_back(entry);
-                } else {
-                    gone.push(entry);
-                }
-            }
-            *idle = kept;
-        }
-        drop(gone);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
-        // The queue holds no invariant a panic could break halfway.
-        self.idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        tokio::spawn(async move {
+            let _ = driver.with_upgrades().await;
+        });
+        tokio::time::timeout(self.response_timeout, sender.send_request(request))
+            .await
+            .map_err(|_| SendError::ResponseTimeout(self.response_timeout))?
+            .map_err(SendError::from)
     }
 
     #[cfg(test)]
     fn idle_count(&self) -> usize {
-        self.lock().len()
+        self.idle.idle_count()
+    }
+
+    /// hyper's client on a connection (no I/O).
+    async fn handshake(&self, stream: TcpStream) -> Result<Box<Http1Connection>, SendError> {
+        Ok(Box::new(Http1Connection::handshake(stream).await?))
+    }
+}
+
+/// Gives a connection whose message ended back to the idle pool; one
+/// still uploading finishes on its own.
+fn check_in(mut connection: Box<Http1Connection>, idle: &IdlePool, response_timeout: Duration) {
+    // With the response read, one poll moves the connection to idle
+    // and makes its sender ready.
+    if connection.reusable(&mut Context::from_waker(Waker::noop())) {
+        idle.checkin(IdleConnection::Http1(connection));
+    } else if let Some(driver) = connection.driver.take() {
+        finish_upload(driver, response_timeout);
     }
 }
 
@@ -301,14 +186,15 @@ fn finish_upload(driver: Connection<TokioIo<TcpStream>, Incoming>, limit: Durati
 /// rest of a message).
 pub struct PooledBody {
     body: Incoming,
-    connection: Option<PooledConnection>,
-    pool: Arc<Http1Pool>,
+    connection: Option<Box<Http1Connection>>,
+    idle: Arc<IdlePool>,
+    response_timeout: Duration,
 }
 
 impl PooledBody {
     fn check_in(&mut self) {
         if let Some(connection) = self.connection.take() {
-            self.pool.checkin(connection);
+            check_in(connection, &self.idle, self.response_timeout);
         }
     }
 }
@@ -419,11 +305,11 @@ mod tests {
         (address, accepted)
     }
 
-    fn pool(address: String) -> Arc<Http1Pool> {
+    fn pool(address: String) -> Arc<Http1Client> {
         pool_with_timeout(address, Duration::from_secs(5))
     }
 
-    fn pool_with_timeout(address: String, response_timeout: Duration) -> Arc<Http1Pool> {
+    fn pool_with_timeout(address: String, response_timeout: Duration) -> Arc<Http1Client> {
         pool_with(address, Duration::from_secs(90), response_timeout)
     }
 
@@ -431,7 +317,7 @@ mod tests {
         address: String,
         idle_timeout: Duration,
         response_timeout: Duration,
-    ) -> Arc<Http1Pool> {
+    ) -> Arc<Http1Client> {
         let counters = Arc::new(RouteCounters::new(Instant::now()));
         let upstream = Arc::new(Upstream::new(
             "web".into(),
@@ -440,7 +326,11 @@ mod tests {
             10,
             counters,
         ));
-        Http1Pool::new(upstream, 4, idle_timeout, response_timeout)
+        Arc::new(Http1Client::new(
+            upstream,
+            IdlePool::new(4, idle_timeout),
+            response_timeout,
+        ))
     }
 
     /// A request with an empty `Incoming` body, as the server side hands
@@ -482,7 +372,7 @@ mod tests {
 
     /// Sends the next request through the pool and reads the whole body.
     async fn forward(
-        pool: &Arc<Http1Pool>,
+        pool: &Arc<Http1Client>,
         incoming: &mut tokio::sync::mpsc::Receiver<Request<Incoming>>,
     ) -> Bytes {
         let request = incoming.recv().await.unwrap();
@@ -522,37 +412,6 @@ mod tests {
             assert_eq!(pool.idle_count(), 1);
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
-    }
-
-    /// Waits (up to 5 s) until the pool holds `count` idle connections.
-    async fn idle_becomes(pool: &Http1Pool, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while pool.idle_count() != count {
-            assert!(
-                Instant::now() < deadline,
-                "{} idle, not {count}",
-                pool.idle_count()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    #[tokio::test]
-    async fn idle_connections_closed_by_the_app_or_too_old_are_swept_without_traffic() {
-        // The app closes its end right after answering.
-        let (address, _) = upstream("once", 1).await;
-        let pool = pool(address);
-        let mut incoming = requests(1).await;
-        assert_eq!(forward(&pool, &mut incoming).await, "once");
-        idle_becomes(&pool, 0).await;
-
-        // The app keeps it open; the pool's idle timeout closes it.
-        let (address, _) = upstream("kept", usize::MAX).await;
-        let pool = pool_with(address, Duration::from_millis(100), Duration::from_secs(5));
-        let mut incoming = requests(1).await;
-        assert_eq!(forward(&pool, &mut incoming).await, "kept");
-        assert_eq!(pool.idle_count(), 1);
-        idle_becomes(&pool, 0).await;
     }
 
     #[tokio::test]
