@@ -587,7 +587,16 @@ down() {
 images() {
   running containerd || fail "no node up from $DIR (CONTROLPLANE_NODE=1 scripts/controlplane.sh up)"
   node_images_import
-  printf '%s\n' "${NODE_IMAGES[@]}"
+  node_addon_images_import
+  printf '%s\n' "${NODE_IMAGES[@]}" "${NODE_ADDON_IMAGES[@]}"
+}
+
+# addon: the KEDA HTTP add-on installed on the node that is up, from its
+# own manifests (scripts/node-addon.sh).
+addon() {
+  running containerd || fail "no node up from $DIR (CONTROLPLANE_NODE=1 scripts/controlplane.sh up)"
+  KUBECTL="$(command -v kubectl)"
+  node_addon_up
 }
 
 versions() {
@@ -601,8 +610,9 @@ case "${1:-}" in
   down) down ;;
   restart) restart "${2:-}" ;;
   images) images ;;
+  addon) addon ;;
   *)
-    echo "usage: scripts/controlplane.sh build|up|down|versions|images|restart COMPONENT" >&2
+    echo "usage: scripts/controlplane.sh build|up|down|versions|images|addon|restart COMPONENT" >&2
     exit 2
     ;;
 esac
