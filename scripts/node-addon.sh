@@ -19,7 +19,9 @@ node_addon_up() {
   local d addon_version
   d="$DIR/addon-install"
   addon_version="$(go -C "$TOOLS/http-add-on" list -m -f '{{.Version}}' github.com/kedacore/http-add-on)"
+  local began=$SECONDS
   node_addon_images_import
+  local imported=$SECONDS
   module_config http-add-on github.com/kedacore/http-add-on "$d"
   local images="" part
   for part in interceptor scaler operator; do
@@ -42,10 +44,12 @@ patches:
       value: Never
 EOF
   kustomize_apply "$d" crd/httpscaledobjects.http.keda.sh crd/interceptorroutes.http.keda.sh
+  local applied=$SECONDS
   # A ko:// reference left would be pulled, and never start.
   ! grep -q 'image: ko://' "$d/manifests.yaml" || fail "an image of the add-on was not replaced ($d/manifests.yaml)"
   k wait -n keda --for condition=Available --timeout 180s deployment/keda-add-ons-http-interceptor \
     deployment/keda-add-ons-http-scaler deployment/keda-add-ons-http-operator >/dev/null ||
     fail "the add-on's pods are not Available: $(k get pods -n keda -o wide 2>&1)"
-  say "the KEDA HTTP add-on $addon_version as pods in namespace keda (its config/default)"
+  say "the KEDA HTTP add-on $addon_version as pods in namespace keda (its config/default):" \
+    "images $((imported - began)) s, apply $((applied - imported)) s, pods Available $((SECONDS - applied)) s"
 }
