@@ -11,6 +11,8 @@
 #   CONTROLPLANE_NODE=1 scripts/controlplane.sh up   # with a node: pods run
 #   scripts/controlplane.sh images   # the node's images: builds and imports
 #                                    # those missing, prints their names
+#   scripts/controlplane.sh addon    # the KEDA HTTP add-on as pods on the
+#                                    # node that is up (scripts/node-addon.sh)
 #
 # What runs: etcd, kube-apiserver (RBAC, ServiceAccount tokens and
 # TokenReview, an admin client certificate, the front-proxy CA for the
@@ -34,8 +36,9 @@
 # module by the wrapper modules in tools/ (go.mod, go.sum and tool lines,
 # nothing else): tools/kubernetes (k8s.io/kubernetes and
 # go.etcd.io/etcd/server/v3), tools/keda (github.com/kedacore/keda/v2),
-# tools/containerd (github.com/containerd/containerd/v2) and tools/coredns
-# (github.com/coredns/coredns).
+# tools/containerd (github.com/containerd/containerd/v2), tools/coredns
+# (github.com/coredns/coredns) and tools/http-add-on
+# (github.com/kedacore/http-add-on, the KEDA HTTP add-on, for the node).
 # Go's own caches (GOCACHE, GOMODCACHE under the home directory) are kept,
 # so a second build, also from a fresh clone, only links.
 #
@@ -152,6 +155,28 @@ build_containerd() {
     github.com/containerd/containerd/v2/cmd/ctr
 }
 
+# The KEDA HTTP add-on (tools/http-add-on): its interceptor, external
+# scaler and operator, stamped with the version and commit its release
+# carries (scripts/node-addon.sh installs them with the module's config/).
+# The same -trimpath as KEDA's build: the packages the two wrappers share
+# (client-go, controller-runtime, KEDA's APIs) are then compiled once.
+build_addon() {
+  say "building the KEDA HTTP add-on's interceptor, scaler and operator ($TOOLS/http-add-on)"
+  local version
+  version="$(go -C "$TOOLS/http-add-on" list -m -f '{{.Version}}' github.com/kedacore/http-add-on)"
+  # The tag's commit, as its release images carry it (the module proxy
+  # records it; Go's build does not read it back).
+  local commit=unknown
+  [ "$version" = v0.15.0 ] && commit=4ea8a863bd7c16464dc5afbe9ebc8a26e563fac0
+  local ldflags="-s -w -X github.com/kedacore/http-add-on/pkg/build.version=$version"
+  ldflags+=" -X github.com/kedacore/http-add-on/pkg/build.gitCommit=$commit"
+  local part
+  for part in interceptor scaler operator; do
+    go -C "$TOOLS/http-add-on" build -trimpath -ldflags "$ldflags" -o "$BIN/keda-http-$part" \
+      "github.com/kedacore/http-add-on/$part"
+  done
+}
+
 build_coredns() {
   say "building CoreDNS ($TOOLS/coredns)"
   # tools/coredns/main.go: CoreDNS with only the plugins the node uses.
@@ -165,6 +190,7 @@ build() {
   if [ -d "$TOOLS/containerd" ]; then
     build_module containerd build_containerd
     build_module coredns build_coredns
+    build_module http-add-on build_addon
   fi
 }
 
@@ -561,7 +587,16 @@ down() {
 images() {
   running containerd || fail "no node up from $DIR (CONTROLPLANE_NODE=1 scripts/controlplane.sh up)"
   node_images_import
-  printf '%s\n' "${NODE_IMAGES[@]}"
+  node_addon_images_import
+  printf '%s\n' "${NODE_IMAGES[@]}" "${NODE_ADDON_IMAGES[@]}"
+}
+
+# addon: the KEDA HTTP add-on installed on the node that is up, from its
+# own manifests (scripts/node-addon.sh).
+addon() {
+  running containerd || fail "no node up from $DIR (CONTROLPLANE_NODE=1 scripts/controlplane.sh up)"
+  KUBECTL="$(command -v kubectl)"
+  node_addon_up
 }
 
 versions() {
@@ -575,8 +610,9 @@ case "${1:-}" in
   down) down ;;
   restart) restart "${2:-}" ;;
   images) images ;;
+  addon) addon ;;
   *)
-    echo "usage: scripts/controlplane.sh build|up|down|versions|images|restart COMPONENT" >&2
+    echo "usage: scripts/controlplane.sh build|up|down|versions|images|addon|restart COMPONENT" >&2
     exit 2
     ;;
 esac

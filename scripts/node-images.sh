@@ -7,6 +7,10 @@
 
 NODE_IMAGES=(localhost/pause:test localhost/redis:test localhost/hoist:test
   localhost/keda-operator:test localhost/keda-adapter:test)
+# The KEDA HTTP add-on's, built and imported only when it is installed
+# (scripts/node-addon.sh).
+NODE_ADDON_IMAGES=(localhost/keda-http-interceptor:test localhost/keda-http-scaler:test
+  localhost/keda-http-operator:test)
 NODE_IMAGE_DIR="$ROOT/target/node-images"
 
 # image_archive NAME: where the docker-archive of localhost/NAME:test is.
@@ -92,6 +96,14 @@ keda_fill() {
   b config --user 65532:65532 --entrypoint "[\"$path\"]" "$container"
 }
 
+# addon_fill PART ROOTFS CONTAINER: an add-on image laid out as its
+# release's (ko: the binary at /ko-app/PART as the entrypoint, its base
+# image's user 65532), since the add-on's manifests name no command and
+# ask runAsNonRoot.
+addon_fill() {
+  keda_fill "keda-http-$1" "/ko-app/$1" "$2" "$3"
+}
+
 # hoist's image is scripts/image.sh's, from HOIST_IMAGE_BINARY (default:
 # the debug build, made when missing) and the hoist-load beside it: built
 # again when either binary changed.
@@ -137,13 +149,32 @@ node_images_build() {
   hoist_image
 }
 
+node_addon_images_build() {
+  local part
+  for part in interceptor scaler operator; do
+    image_fresh "keda-http-$part" "$BIN/keda-http-$part" "$ROOT/scripts/node-images.sh" ||
+      image_build "keda-http-$part" addon_fill "$part"
+  done
+}
+
 # Imports into containerd's k8s.io namespace every image it lacks, or
 # whose archive is newer than the import.
 node_images_import() {
   node_images_build
-  local present name
+  images_import "${NODE_IMAGES[@]}"
+}
+
+node_addon_images_import() {
+  node_addon_images_build
+  images_import "${NODE_ADDON_IMAGES[@]}"
+}
+
+# images_import IMAGE...: those of them containerd lacks, or whose archive
+# is newer than their import.
+images_import() {
+  local present name image
   present="$(ctr_ -n k8s.io images ls -q)"
-  for image in "${NODE_IMAGES[@]}"; do
+  for image in "$@"; do
     name="${image#localhost/}"
     name="${name%:test}"
     if ! grep -qxF "$image" <<<"$present" || [ "$(image_archive "$name")" -nt "$(node_dir)/imported-$name" ]; then

@@ -13,15 +13,10 @@
 # Uses from the caller: DIR, TOOLS, say, fail, k, k_retry.
 
 node_keda_up() {
-  local d keda_dir keda_version
+  local d keda_version
   d="$DIR/keda-install"
   keda_version="$(go -C "$TOOLS/keda" list -m -f '{{.Version}}' github.com/kedacore/keda/v2)"
-  keda_dir="$(go -C "$TOOLS/keda" list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)" ||
-    fail "KEDA's module is not in Go's module cache (scripts/controlplane.sh build)"
-  rm -rf "$d"
-  mkdir -p "$d"
-  cp -r "$keda_dir/config" "$d/config"
-  chmod -R u+w "$d/config"
+  module_config keda github.com/kedacore/keda/v2 "$d"
   local extra_args="" arg
   for arg in ${KEDA_OPERATOR_ARGS:-}; do
     extra_args+="
@@ -53,10 +48,7 @@ patches:
       path: /spec/template/spec/containers/0/imagePullPolicy
       value: Never
 EOF
-  k kustomize "$d" >"$d/keda.yaml" || fail "kustomize of KEDA's config failed ($d)"
-  # Server-side: KEDA's CRDs are too large for the last-applied annotation.
-  k_retry apply --server-side --force-conflicts -f "$d/keda.yaml" >/dev/null
-  k_retry wait --for condition=established --timeout 60s crd/scaledobjects.keda.sh >/dev/null
+  kustomize_apply "$d" crd/scaledobjects.keda.sh
   k wait -n keda --for condition=Available --timeout 240s deployment/keda-operator deployment/keda-metrics-apiserver >/dev/null ||
     fail "KEDA's pods are not Available: $(k get pods -n keda -o wide 2>&1)"
   local deadline=$((SECONDS + 120))
@@ -65,4 +57,28 @@ EOF
     sleep 1
   done
   say "KEDA $keda_version as pods in namespace keda (its config/minimal)"
+}
+
+# module_config WRAPPER MODULE DIR: DIR afresh, with the module's config/
+# (from Go's module cache, as the wrapper in tools/ pins it), writable.
+module_config() {
+  local module_dir
+  module_dir="$(go -C "$TOOLS/$1" list -m -f '{{.Dir}}' "$2")" ||
+    fail "$2 is not in Go's module cache (scripts/controlplane.sh build)"
+  rm -rf "$3"
+  mkdir -p "$3"
+  cp -r "$module_dir/config" "$3/config"
+  chmod -R u+w "$3/config"
+}
+
+# kustomize_apply DIR CRD...: kubectl's kustomize of DIR (its
+# kustomization.yaml) into DIR/manifests.yaml, applied, and each CRD
+# established. Server-side: the CRDs are too large for the last-applied
+# annotation.
+kustomize_apply() {
+  local d="$1"
+  shift
+  k kustomize "$d" >"$d/manifests.yaml" || fail "kustomize of $d failed"
+  k_retry apply --server-side --force-conflicts -f "$d/manifests.yaml" >/dev/null
+  k_retry wait --for condition=established --timeout 60s "$@" >/dev/null
 }

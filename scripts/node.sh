@@ -20,7 +20,7 @@
 # Uses from the caller: DIR, BIN, ROOT, APISERVER_PORT, say, fail, start,
 # stop, running, wait_for, k, k_retry, kubeconfig, cert, free_port.
 # The images its pods run: scripts/node-images.sh; KEDA's pods:
-# scripts/node-keda.sh.
+# scripts/node-keda.sh; the KEDA HTTP add-on's: scripts/node-addon.sh.
 
 NODE_NAME="hoist-node"
 NODE_BRIDGE="hoist0"
@@ -36,6 +36,7 @@ NODE_CNI_BIN="/usr/lib/cni"
 NODE_FORWARD_DROPS=("-i $NODE_BRIDGE ! -o $NODE_BRIDGE" "! -i $NODE_BRIDGE -o $NODE_BRIDGE")
 source "$ROOT/scripts/node-images.sh"
 source "$ROOT/scripts/node-keda.sh"
+source "$ROOT/scripts/node-addon.sh"
 # Paths outside CONTROLPLANE_DIR that kubelet, containerd's shims and the
 # CNI library write to whatever their configuration says.
 NODE_OUTSIDE_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd

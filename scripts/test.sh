@@ -26,9 +26,10 @@ scripts/deps.sh openssl curl
 command -v go >/dev/null 2>&1 || scripts/deps.sh golang-go
 scripts/controlplane.sh build
 # For tests/node.rs: the control plane with a node (CONTROLPLANE_NODE=1):
-# containerd, kubelet, kube-proxy, kube-scheduler and CoreDNS, built by the
-# same `build`, and from Debian runc, the CNI plugins, iptables, conntrack
-# and what the node's images are built with (scripts/node.sh).
+# containerd, kubelet, kube-proxy, kube-scheduler, CoreDNS and the KEDA
+# HTTP add-on, built by the same `build`, and from Debian runc, the CNI
+# plugins, iptables, conntrack and what the node's images are built with
+# (scripts/node.sh).
 scripts/deps.sh runc containernetworking-plugins iptables conntrack iproute2 util-linux libc6-dev
 # For tests/kafka.rs: a real Apache Kafka broker (KRaft), its jars fetched
 # by Maven from Maven Central into target/kafka/lib (tools/kafka/pom.xml),

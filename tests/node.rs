@@ -155,6 +155,33 @@ spec:
 /// the readiness probe's initial delay (a slow app).
 fn web_app(name: &str, ready_after: u32) -> String {
     format!(
+        r#"{}---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata: {{name: {name}, namespace: {DEMO}}}
+spec:
+  scaleTargetRef: {{name: {name}}}
+  pollingInterval: 5
+  minReplicaCount: 0
+  maxReplicaCount: 5
+  cooldownPeriod: 10
+  triggers:
+  - type: external-push
+    metadata:
+      scalerAddress: {HOIST_ADDRESS}
+      scaler: http
+      host: {name}.{DEMO}.example.com
+      upstream: {name}:8080
+      concurrentRequests: "10"
+"#,
+        web_workload(name, ready_after)
+    )
+}
+
+/// The HTTP app alone: a Deployment at zero running `hoist-load
+/// upstream`, and its Service.
+fn web_workload(name: &str, ready_after: u32) -> String {
+    format!(
         r#"apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: {name}, namespace: {DEMO}}}
@@ -178,24 +205,25 @@ metadata: {{name: {name}, namespace: {DEMO}}}
 spec:
   selector: {{app: {name}}}
   ports: [{{port: 8080}}]
----
-apiVersion: keda.sh/v1alpha1
-kind: ScaledObject
+"#
+    )
+}
+
+/// The same app for the KEDA HTTP add-on: an HTTPScaledObject
+/// (`http.keda.sh/v1alpha1`, v0.15.0's CRD) with the settings of
+/// `web_app`'s ScaledObject; the add-on's operator makes the ScaledObject
+/// from it (trigger `external-push` to the add-on's scaler).
+fn addon_http_scaled_object(name: &str) -> String {
+    format!(
+        r#"apiVersion: http.keda.sh/v1alpha1
+kind: HTTPScaledObject
 metadata: {{name: {name}, namespace: {DEMO}}}
 spec:
-  scaleTargetRef: {{name: {name}}}
-  pollingInterval: 5
-  minReplicaCount: 0
-  maxReplicaCount: 5
-  cooldownPeriod: 10
-  triggers:
-  - type: external-push
-    metadata:
-      scalerAddress: {HOIST_ADDRESS}
-      scaler: http
-      host: {name}.{DEMO}.example.com
-      upstream: {name}:8080
-      concurrentRequests: "10"
+  hosts: [{name}.{DEMO}.example.com]
+  scaleTargetRef: {{name: {name}, kind: Deployment, apiVersion: apps/v1, service: {name}, port: 8080}}
+  replicas: {{min: 0, max: 5}}
+  scaledownPeriod: 10
+  scalingMetric: {{concurrency: {{targetValue: 10}}}}
 "#
     )
 }
@@ -379,6 +407,7 @@ async fn hoist_keda_and_workloads_run_as_pods_on_a_real_node() {
     engine_mode_workers_drain_the_queue_and_go_back_to_zero(plane, &demo_deployments).await;
     keda_hpa_scales_the_same_workers_in_passthrough(plane, &demo_deployments).await;
     an_http_app_at_zero_is_woken_through_the_interceptor(plane, &demo_deployments).await;
+    the_keda_http_addon_and_hoist_both_wake_an_app_at_zero(plane, &demo_deployments).await;
     a_hoist_pod_deleted_mid_climb_loses_no_capacity(plane, &demo_deployments).await;
     down_leaves_the_machine_as_it_was(plane, before);
 }
@@ -392,7 +421,20 @@ fn the_node_is_ready_and_keda_runs_as_pods(plane: &ControlPlane) {
         r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
     ]);
     assert_eq!(ready, "True", "the node is Ready");
-    let keda = plane.must(&[
+    assert_run_as_pods(
+        plane,
+        &[
+            "localhost/keda-operator:test",
+            "localhost/keda-adapter:test",
+        ],
+    );
+    // The aggregated API reaches the adapter's pod through its Service.
+    plane.must(&["get", "--raw", "/apis/external.metrics.k8s.io/v1beta1"]);
+}
+
+/// Each image runs in a pod of the namespace `keda`, Running.
+fn assert_run_as_pods(plane: &ControlPlane, images: &[&str]) {
+    let pods = plane.must(&[
         "get",
         "pods",
         "-n",
@@ -400,17 +442,12 @@ fn the_node_is_ready_and_keda_runs_as_pods(plane: &ControlPlane) {
         "-o",
         r#"jsonpath={range .items[*]}{.spec.containers[0].image} {.status.phase}{"\n"}{end}"#,
     ]);
-    for image in [
-        "localhost/keda-operator:test",
-        "localhost/keda-adapter:test",
-    ] {
+    for image in images {
         assert!(
-            keda.lines().any(|line| line == format!("{image} Running")),
-            "KEDA's {image} runs as a pod: {keda}"
+            pods.lines().any(|line| line == format!("{image} Running")),
+            "{image} runs as a pod: {pods}"
         );
     }
-    // The aggregated API reaches the adapter's pod through its Service.
-    plane.must(&["get", "--raw", "/apis/external.metrics.k8s.io/v1beta1"]);
 }
 
 fn a_redis_pod_answers_by_name_logs_and_exec(plane: &ControlPlane) {
@@ -772,6 +809,150 @@ async fn an_http_app_at_zero_is_woken_through_the_interceptor(
     for app in ["web", "slow"] {
         plane.must(&["delete", "scaledobject", "-n", DEMO, app]);
     }
+}
+
+/// The KEDA HTTP add-on v0.15.0 installed from its own manifests
+/// (`scripts/controlplane.sh addon`: its CRDs, interceptor, scaler and
+/// operator as pods, the images built here), then two apps of the same
+/// shape at zero, each woken by one request: one through the add-on's
+/// interceptor Service (an HTTPScaledObject, from which the add-on's
+/// operator makes the ScaledObject and KEDA asks the add-on's scaler), one
+/// through hoist's, as the previous step left the chart (interceptor in
+/// process, the scenarios' hosts allowed). Both must answer 200: the two
+/// are compared only where both work.
+async fn the_keda_http_addon_and_hoist_both_wake_an_app_at_zero(
+    plane: &ControlPlane,
+    deployments: &Api<Deployment>,
+) {
+    let started = Instant::now();
+    let output =
+        Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/controlplane.sh"))
+            .arg("addon")
+            .env("CONTROLPLANE_DIR", &plane.dir)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+    assert!(output.status.success(), "scripts/controlplane.sh addon");
+    eprintln!(
+        "node: the KEDA HTTP add-on installed from its config/default, its three pods Available in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_run_as_pods(
+        plane,
+        &[
+            "localhost/keda-http-interceptor:test",
+            "localhost/keda-http-scaler:test",
+            "localhost/keda-http-operator:test",
+        ],
+    );
+
+    const ADDON_APP: &str = "addon-web";
+    const HOIST_APP: &str = "hoist-web";
+    plane.apply(&format!(
+        "{}---\n{}",
+        web_workload(ADDON_APP, 0),
+        addon_http_scaled_object(ADDON_APP)
+    ));
+    plane.apply(&web_app(HOIST_APP, 0));
+    // The add-on's operator makes the ScaledObject (same name); KEDA sets
+    // it Ready once the add-on's scaler answered it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !plane
+        .kubectl(&["get", "scaledobject", "-n", DEMO, ADDON_APP])
+        .status
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the add-on's operator made no ScaledObject for {ADDON_APP}: {}\n{}",
+            plane.must(&[
+                "get",
+                "httpscaledobject",
+                "-n",
+                DEMO,
+                ADDON_APP,
+                "-o",
+                "yaml"
+            ]),
+            plane.must(&[
+                "logs",
+                "-n",
+                "keda",
+                "deploy/keda-add-ons-http-operator",
+                "--tail=20"
+            ])
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    wait_scaled_object_ready(plane, ADDON_APP);
+    wait_scaled_object_ready(plane, HOIST_APP);
+    let trigger = plane.must(&[
+        "get",
+        "scaledobject",
+        "-n",
+        DEMO,
+        ADDON_APP,
+        "-o",
+        "jsonpath={.spec.triggers[0].type} {.spec.triggers[0].metadata.scalerAddress}",
+    ]);
+    assert_eq!(
+        trigger, "external-push keda-add-ons-http-external-scaler.keda:9090",
+        "the add-on's operator points KEDA at the add-on's scaler"
+    );
+
+    for (via, service, app) in [
+        (
+            "the KEDA HTTP add-on's interceptor",
+            "keda-add-ons-http-interceptor-proxy",
+            ADDON_APP,
+        ),
+        ("hoist's interceptor", "hoist-interceptor-proxy", HOIST_APP),
+    ] {
+        let proxy = format!("{}:8080", cluster_ip(plane, "keda", service));
+        let watch = ReplicaWatch::start(deployments.clone(), app);
+        let (answer, took) = get(&proxy, &format!("{app}.{DEMO}.example.com"));
+        let status_line = answer.lines().next().unwrap_or_default();
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with(&format!("hello from {app}")),
+            "{app} at zero, through {via} ({service}): the first request is held and answered: {answer}"
+        );
+        let pod_ready = created_to_ready(plane, app);
+        eprintln!(
+            "node: cold start through {via} ({app}): GET / → {status_line} in {:.2}s; pod created → Ready {pod_ready}s",
+            took.as_secs_f64()
+        );
+        if app == ADDON_APP {
+            // The add-on marks an answer it held for a cold start.
+            assert!(
+                answer
+                    .lines()
+                    .any(|line| line.eq_ignore_ascii_case("x-keda-http-cold-start: true")),
+                "the add-on says it held the request for a cold start: {answer}"
+            );
+        }
+        let trajectory = watch.trajectory();
+        assert!(
+            trajectory.first() == Some(&0) && trajectory.contains(&1),
+            "{app} woken from zero by the request: {trajectory:?}"
+        );
+    }
+    plane.must(&[
+        "delete",
+        "-n",
+        DEMO,
+        &format!("httpscaledobject/{ADDON_APP}"),
+        &format!("scaledobject/{HOIST_APP}"),
+        &format!("deployment/{ADDON_APP}"),
+        &format!("deployment/{HOIST_APP}"),
+        &format!("service/{ADDON_APP}"),
+        &format!("service/{HOIST_APP}"),
+        "--wait=false",
+    ]);
+    eprintln!(
+        "node: the add-on's step, install included: {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Two hoist replicas behind the Service with the chart's PDB; KEDA
