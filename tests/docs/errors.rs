@@ -23,6 +23,7 @@ const USER_FACING: &[&str] = &[
     "ConfigError",
     "ConnectionStringError",
     "DecideError",
+    "GroupOffsetsError",
     "HostError",
     "InterceptorError",
     "MetadataError",
