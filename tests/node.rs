@@ -580,11 +580,8 @@ async fn engine_mode_workers_drain_the_queue_and_go_back_to_zero(
     const JOBS: usize = 200;
     plane.apply(&worker_scaled_object(true));
     wait_scaled_object_ready(plane, "worker");
-    let mut redis = demo_redis(plane);
-    let watch = ReplicaWatch::start(deployments.clone(), "worker");
-    push_jobs(&mut redis, JOBS);
-    let pushed = watch.elapsed();
-    let drained = wait_for_jobs(&mut redis, JOBS, &watch, Duration::from_secs(240)).await - pushed;
+    let (mut redis, watch, pushed, done_at) = drain(plane, deployments, JOBS).await;
+    let drained = done_at - pushed;
 
     // The work, done by several pods, each job once.
     let logs = plane.must(&[
@@ -639,13 +636,36 @@ async fn engine_mode_workers_drain_the_queue_and_go_back_to_zero(
         rises_then_falls(&trajectory),
         "no oscillation: {trajectory:?}"
     );
-    assert_eq!(counter(&mut redis, "jobs:done"), JOBS as i64);
+    assert_each_job_done_once(&mut redis, JOBS);
+    plane.must(&["delete", "scaledobject", "-n", DEMO, "worker"]);
+}
+
+/// Pushes `jobs` jobs with the worker's replicas watched from just
+/// before, and waits until the workers have done them all: the Redis
+/// connection, the watch, and when (in the watch's seconds) the jobs were
+/// pushed and the last one done.
+async fn drain(
+    plane: &ControlPlane,
+    deployments: &Api<Deployment>,
+    jobs: usize,
+) -> (redis::Connection, ReplicaWatch, f64, f64) {
+    let mut redis = demo_redis(plane);
+    let watch = ReplicaWatch::start(deployments.clone(), "worker");
+    push_jobs(&mut redis, jobs);
+    let pushed = watch.elapsed();
+    let done_at = wait_for_jobs(&mut redis, jobs, &watch, Duration::from_secs(240)).await;
+    (redis, watch, pushed, done_at)
+}
+
+/// Every job pushed was counted, and each once (the finished set holds
+/// each payload once).
+fn assert_each_job_done_once(redis: &mut redis::Connection, jobs: usize) {
+    assert_eq!(counter(redis, "jobs:done"), jobs as i64);
     let finished: i64 = redis::cmd("SCARD")
         .arg("jobs:finished")
-        .query(&mut redis)
+        .query(redis)
         .unwrap();
-    assert_eq!(finished, JOBS as i64, "every job done exactly once");
-    plane.must(&["delete", "scaledobject", "-n", DEMO, "worker"]);
+    assert_eq!(finished, jobs as i64, "every job done exactly once");
 }
 
 /// Waits until the workers have recorded `jobs` jobs; the time it
@@ -677,11 +697,7 @@ async fn keda_hpa_scales_the_same_workers_in_passthrough(
     const JOBS: usize = 200;
     plane.apply(&worker_scaled_object(false));
     wait_scaled_object_ready(plane, "worker");
-    let mut redis = demo_redis(plane);
-    let watch = ReplicaWatch::start(deployments.clone(), "worker");
-    push_jobs(&mut redis, JOBS);
-    let pushed = watch.elapsed();
-    let drained = wait_for_jobs(&mut redis, JOBS, &watch, Duration::from_secs(240)).await;
+    let (mut redis, watch, pushed, drained) = drain(plane, deployments, JOBS).await;
     watch
         .wait(
             Duration::from_secs(180),
@@ -707,12 +723,7 @@ async fn keda_hpa_scales_the_same_workers_in_passthrough(
     );
     assert_eq!(trajectory.first(), Some(&0));
     assert_eq!(trajectory.last(), Some(&0));
-    assert_eq!(counter(&mut redis, "jobs:done"), JOBS as i64);
-    let finished: i64 = redis::cmd("SCARD")
-        .arg("jobs:finished")
-        .query(&mut redis)
-        .unwrap();
-    assert_eq!(finished, JOBS as i64, "every job done exactly once");
+    assert_each_job_done_once(&mut redis, JOBS);
 }
 
 async fn an_http_app_at_zero_is_woken_through_the_interceptor(
