@@ -18,11 +18,15 @@
 #   9. KEDA: KEDA's built-in redis scaler beside hoist's external trigger,
 #      called by the real KEDA operator (scripts/bench-keda.sh, which
 #      writes its own table).
+#  10. The KEDA HTTP add-on beside the interceptor, on a real node: warm
+#      path (with nginx and hoist's TCP relay), cold start, 1,000 routes,
+#      scale-down (scripts/bench-addon.sh, which writes its own table;
+#      needs root).
 #
 # Installs what it needs when missing (redis-server, nginx with its stream
 # module, wrk: Debian packages, with apt-get). Takes about 17 minutes on 2
 # cores. Knobs (environment):
-#   BENCH_ONLY="rpc scale sources interceptor cold-start engine routes flood keda"   parts to run
+#   BENCH_ONLY="rpc scale sources interceptor cold-start engine routes flood keda addon"   parts to run
 #   BENCH_SECONDS=5      length of each RPC and wrk point
 #   BENCH_REPEAT=3       runs per point, interleaved; the report takes the median
 #   BENCH_SCALE="1000:1000 10000:1 10000:10000 50000:10000 50000:50000"
@@ -38,7 +42,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ONLY="${BENCH_ONLY:-rpc scale sources interceptor cold-start engine routes flood keda}"
+ONLY="${BENCH_ONLY:-rpc scale sources interceptor cold-start engine routes flood keda addon}"
 SECONDS_PER_POINT="${BENCH_SECONDS:-5}"
 REPEAT="${BENCH_REPEAT:-3}"
 SCALE_ROWS="${BENCH_SCALE:-1000:1000 10000:1 10000:10000 50000:10000 50000:50000}"
@@ -55,18 +59,9 @@ if wants interceptor; then
   command -v nginx >/dev/null 2>&1 || packages+=(nginx)
 fi
 scripts/deps.sh "${packages[@]}"
+source scripts/proxy-bench.sh
 stream_module=""
-if wants interceptor; then
-  for candidate in /usr/lib/nginx/modules/ngx_stream_module.so /usr/lib64/nginx/modules/ngx_stream_module.so; do
-    [ -f "$candidate" ] && stream_module="$candidate"
-  done
-  # Built in is `--with-stream`; `--with-stream=dynamic` (Debian's) needs
-  # the module's package.
-  if [ -z "$stream_module" ] && ! nginx -V 2>&1 | grep -qE -- '--with-stream( |$)'; then
-    scripts/deps.sh libnginx-mod-stream || true
-    [ -f /usr/lib/nginx/modules/ngx_stream_module.so ] && stream_module=/usr/lib/nginx/modules/ngx_stream_module.so
-  fi
-fi
+wants interceptor && stream_module="$(nginx_stream_module)"
 
 echo "building hoist and hoist-load (release) ..."
 cargo build --locked --release --bin hoist --bin hoist-load
@@ -346,35 +341,6 @@ if wants sources; then
 fi
 
 # --- 4. Interceptor ----------------------------------------------------------
-wrk_lua="$work/report.lua"
-cat >"$wrk_lua" <<'EOF'
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format('BENCHJSON "requests":%d,"seconds":%.3f,"rps":%.1f,"p50_us":%d,"p99_us":%d,"p999_us":%d,"max_us":%d,"errors":%d\n',
-    summary.requests, summary.duration / 1e6, summary.requests / (summary.duration / 1e6),
-    latency:percentile(50), latency:percentile(99), latency:percentile(99.9), latency.max,
-    e.connect + e.read + e.write + e.status + e.timeout))
-end
-EOF
-# wrk_point PROTOCOL VIA CONNECTIONS PORT PROXY-PIDS...
-wrk_point() {
-  local protocol="$1" via="$2" connections="$3" port="$4"
-  shift 4
-  local before after out cpu
-  before=$( [ $# -gt 0 ] && ticks "$@" || echo 0)
-  out=$("${CLIENT[@]}" wrk -t1 -c"$connections" -d"${SECONDS_PER_POINT}s" --latency -H 'Host: web.bench' \
-    -s "$wrk_lua" "http://127.0.0.1:$port/" | grep '^BENCHJSON' | sed 's/^BENCHJSON //') || true
-  after=$( [ $# -gt 0 ] && ticks "$@" || echo 0)
-  if [ -z "$out" ]; then
-    echo "   $protocol via $via c=$connections: wrk failed" >&2
-    return 0
-  fi
-  cpu=$(awk -v t=$((after - before)) -v s="$SECONDS_PER_POINT" -v o="$out" 'BEGIN {
-    match(o, /"requests":[0-9]+/); r = substr(o, RSTART + 11, RLENGTH - 11);
-    printf "\"proxy_cpu_pct\":%.1f,\"proxy_cpu_us_per_request\":%.2f", t / s, (r > 0 ? t * 10000 / r : 0) }')
-  echo "{\"bench\":\"interceptor\",\"protocol\":\"$protocol\",\"via\":\"$via\",\"connections\":$connections,$cpu,$out}"
-  echo "   $protocol via $via c=$connections: $out" >&2
-}
 if wants interceptor; then
   echo "== 4. Interceptor: wrk direct, through hoist, a bare hyper proxy and nginx"
   read -r up_port http_port tcp_port grpc_port admin_port nginx_port nginx_tcp_port bare_port <<<"$(ports 8)"
@@ -394,45 +360,7 @@ upstream = \"127.0.0.1:$up_port\""
   hoist_pid=$last_pid
   start "$work/bare-proxy.log" "${SERVER[@]}" "$LOAD" bare-proxy --listen "127.0.0.1:$bare_port" --upstream "127.0.0.1:$up_port"
   bare_proxy_pid=$last_pid
-  mkdir -p "$work/nginx"
-  {
-    [ -n "$stream_module" ] && echo "load_module $stream_module;"
-    cat <<EOF
-worker_processes 1;
-daemon off;
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $work/nginx/body;
-  proxy_temp_path $work/nginx/proxy;
-  fastcgi_temp_path $work/nginx/fastcgi;
-  uwsgi_temp_path $work/nginx/uwsgi;
-  scgi_temp_path $work/nginx/scgi;
-  keepalive_requests 1000000;
-  upstream app {
-    server 127.0.0.1:$up_port;
-    keepalive 128;
-    keepalive_requests 1000000;
-  }
-  server {
-    listen 127.0.0.1:$nginx_port;
-    location / {
-      proxy_pass http://app;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host \$host;
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_set_header X-Forwarded-Proto \$scheme;
-    }
-  }
-}
-EOF
-    if [ -n "$stream_module" ] || nginx -V 2>&1 | grep -qE -- '--with-stream( |$)'; then
-      echo "stream { server { listen 127.0.0.1:$nginx_tcp_port; proxy_pass 127.0.0.1:$up_port; } }"
-    fi
-  } >"$work/nginx/nginx.conf"
+  nginx_config "$work/nginx" "$stream_module" "127.0.0.1:$nginx_port" "127.0.0.1:$nginx_tcp_port" "127.0.0.1:$up_port"
   start "$work/nginx/out.log" "${SERVER[@]}" nginx -c "$work/nginx/nginx.conf" -p "$work/nginx"
   nginx_pid=$last_pid
   for port in "$up_port" "$http_port" "$tcp_port" "$bare_port" "$nginx_port"; do wait_port "$port"; done
@@ -444,14 +372,14 @@ EOF
   done
   for connections in 1 64; do
     for rep in $(seq "$REPEAT"); do
-      measure wrk_point http direct "$connections" "$up_port"
-      measure wrk_point http hoist "$connections" "$http_port" "$hoist_pid"
-      measure wrk_point http bare-hyper "$connections" "$bare_port" "$bare_proxy_pid"
-      measure wrk_point http nginx "$connections" "$nginx_port" "$nginx_pid"
-      measure wrk_point tcp direct "$connections" "$up_port"
-      measure wrk_point tcp hoist "$connections" "$tcp_port" "$hoist_pid"
+      measure wrk_point http direct "$connections" "127.0.0.1:$up_port"
+      measure wrk_point http hoist "$connections" "127.0.0.1:$http_port" "$hoist_pid"
+      measure wrk_point http bare-hyper "$connections" "127.0.0.1:$bare_port" "$bare_proxy_pid"
+      measure wrk_point http nginx "$connections" "127.0.0.1:$nginx_port" "$nginx_pid"
+      measure wrk_point tcp direct "$connections" "127.0.0.1:$up_port"
+      measure wrk_point tcp hoist "$connections" "127.0.0.1:$tcp_port" "$hoist_pid"
       if [ "$nginx_stream" = 1 ]; then
-        measure wrk_point tcp nginx "$connections" "$nginx_tcp_port" "$nginx_pid"
+        measure wrk_point tcp nginx "$connections" "127.0.0.1:$nginx_tcp_port" "$nginx_pid"
       fi
     done
   done
@@ -613,6 +541,14 @@ if wants keda; then
   BENCH_DOC="$DOC" scripts/bench-keda.sh || echo "   (failed: see above)"
 fi
 
+# --- 10. The KEDA HTTP add-on beside the interceptor -------------------------
+if wants addon; then
+  echo "== 10. The KEDA HTTP add-on beside hoist's interceptor, on a real node"
+  settle
+  BENCH_DOC="$DOC" BENCH_SECONDS="$SECONDS_PER_POINT" BENCH_REPEAT="$REPEAT" scripts/bench-addon.sh ||
+    echo "   (failed: see above)"
+fi
+
 # --- Report ------------------------------------------------------------------
 finished_at=$(date +%s)
 cpu_model=$(lscpu 2>/dev/null | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
@@ -632,7 +568,7 @@ load=$(cut -d' ' -f1-3 /proc/loadavg)
   else
     echo "- Other work ran on this machine at times (more than 10 % of a core outside this run's processes, from /proc/stat): the points waited $waited s in all for a quiet machine, $redone points overlapped by it were measured again, and $disturbed measurements were overlapped twice (those numbers are lower and noisier). Load average at the end: $load."
   fi
-  echo "- Command: \`scripts/bench.sh\`$( [ "$ONLY" != "rpc scale sources interceptor cold-start engine routes flood keda" ] && echo " with BENCH_ONLY=\"$ONLY\"")."
+  echo "- Command: \`scripts/bench.sh\`$( [ "$ONLY" != "rpc scale sources interceptor cold-start engine routes flood keda addon" ] && echo " with BENCH_ONLY=\"$ONLY\"")."
 } >"$work/machine.md"
 doc_args=(--doc "$DOC")
 [ "$DOC" = "-" ] && doc_args=()

@@ -155,6 +155,23 @@ async fn silent_trickling_and_idle_connections_are_closed() {
     assert!(closed_by_server(&mut idle).await, "idle keep-alive");
 }
 
+/// Sends a request for `web.test` to an app not yet listening, waits
+/// until hoist holds it, starts the app `hold_for` later and returns the
+/// answer.
+async fn held_until_the_app_starts(hoist: &Hoist, app: AppPort, hold_for: Duration) -> String {
+    let request = tokio::spawn(exchange(
+        hoist.http_proxy.unwrap(),
+        b"GET / HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n",
+    ));
+    eventually(PATIENCE, "the request is held", || async {
+        metric(hoist, "hoist_interceptor_held{").await == Some(1.0)
+    })
+    .await;
+    tokio::time::sleep(hold_for).await;
+    tokio::spawn(host_echo(app.listen()));
+    request.await.unwrap()
+}
+
 #[tokio::test]
 async fn a_request_held_past_the_idle_timeout_is_not_cut_off() {
     let app = AppPort::reserve();
@@ -162,21 +179,59 @@ async fn a_request_held_past_the_idle_timeout_is_not_cut_off() {
     settings.interceptor.first_byte_timeout = Duration::from_millis(200);
     settings.interceptor.idle_timeout = Duration::from_millis(300);
     let hoist = Hoist::start_with(settings).await;
-    let proxy = hoist.http_proxy.unwrap();
-    let request = tokio::spawn(exchange(
-        proxy,
-        b"GET / HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n",
-    ));
-    eventually(PATIENCE, "the request is held", || async {
-        metric(&hoist, "hoist_interceptor_held{").await == Some(1.0)
-    })
-    .await;
     // Held for several idle timeouts before the app starts.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    tokio::spawn(host_echo(app.listen()));
-    let answer = request.await.unwrap();
+    let answer = held_until_the_app_starts(&hoist, app, Duration::from_millis(1200)).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("host=web.test"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_released_holds_wait_is_in_the_cold_start_histogram() {
+    let app = AppPort::reserve();
+    let hoist = Hoist::start_with(web_to(app.addr)).await;
+    let proxy = hoist.http_proxy.unwrap();
+    const SERIES: &str = "hoist_interceptor_cold_start_seconds";
+    const ROUTE: &str = "route=\"web\",protocol=\"http\"}";
+    const LABELS: &str = "{route=\"web\",protocol=\"http\"}";
+    assert_eq!(
+        metric(&hoist, &format!("{SERIES}_count{LABELS}")).await,
+        Some(0.0),
+        "no cold start yet"
+    );
+    let answer = held_until_the_app_starts(&hoist, app, Duration::from_millis(600)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    assert_eq!(
+        metric(&hoist, &format!("{SERIES}_count{LABELS}")).await,
+        Some(1.0)
+    );
+    let waited = metric(&hoist, &format!("{SERIES}_sum{LABELS}"))
+        .await
+        .unwrap();
+    assert!((0.6..60.0).contains(&waited), "held about 0.6 s: {waited}");
+    let (_, metrics) = hoist.get("/metrics").await;
+    let series: Vec<_> = metrics.lines().filter(|l| l.starts_with(SERIES)).collect();
+    assert_eq!(
+        metric(&hoist, &format!("{SERIES}_bucket{{le=\"0.5\",{ROUTE}")).await,
+        Some(0.0),
+        "a wait of 0.6 s or more is above the 0.5 s bucket: {series:#?}"
+    );
+    assert_eq!(
+        metric(&hoist, &format!("{SERIES}_bucket{{le=\"+Inf\",{ROUTE}")).await,
+        Some(1.0)
+    );
+
+    // A request to an app already up is not a cold start.
+    let again = exchange(
+        proxy,
+        b"GET / HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(again.starts_with("HTTP/1.1 200"), "{again}");
+    assert_eq!(
+        metric(&hoist, &format!("{SERIES}_count{LABELS}")).await,
+        Some(1.0)
+    );
 }
 
 #[tokio::test]

@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use super::cold_start_times::{ColdStartTimes, Snapshot};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -38,6 +40,8 @@ pub struct RouteCounters {
     /// Requests (connections) refused because every address of the
     /// upstream is in `interceptor.denied_networks`.
     upstream_denied: AtomicU64,
+    /// How long released requests waited for the upstream.
+    cold_start_times: ColdStartTimes,
 }
 
 /// The statuses the interceptor answers itself with, in `refusals` order.
@@ -96,6 +100,16 @@ impl RouteCounters {
         self.upstream_denied.load(Ordering::Relaxed)
     }
 
+    /// Records a held request (connection) the upstream took after
+    /// `waited`.
+    pub fn cold_start_waited(&self, waited: Duration) {
+        self.cold_start_times.record(waited);
+    }
+
+    pub fn cold_start_times(&self) -> Snapshot {
+        self.cold_start_times.snapshot()
+    }
+
     pub fn new(epoch: Instant) -> Self {
         Self {
             epoch,
@@ -108,6 +122,7 @@ impl RouteCounters {
             cold_starts: watch::Sender::new(0),
             refusals: Default::default(),
             upstream_denied: AtomicU64::new(0),
+            cold_start_times: ColdStartTimes::default(),
         }
     }
 

@@ -8,6 +8,7 @@
 //! (`follow`). Routes come from hoist's config and from ScaledObjects
 //! (declared in trigger metadata); both change at runtime (`table`).
 
+mod cold_start_times;
 pub mod counters;
 mod deadline;
 mod dial;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, NoLabelSet};
 
 use super::http::Handover;
 use super::{Protocol, Routes};
@@ -45,6 +45,16 @@ struct HandoverLabels {
     reason: &'static str,
 }
 
+fn route_labels(name: &str, protocol: Protocol) -> RouteLabels {
+    RouteLabels {
+        route: name.to_owned(),
+        protocol: match protocol {
+            Protocol::Http => "http",
+            Protocol::Tcp => "tcp",
+        },
+    }
+}
+
 impl prometheus_client::collector::Collector for RouteTraffic {
     fn encode(
         &self,
@@ -61,14 +71,10 @@ impl prometheus_client::collector::Collector for RouteTraffic {
             .current()
             .iter()
             .map(|(name, route)| {
-                let labels = RouteLabels {
-                    route: name.clone(),
-                    protocol: match route.protocol() {
-                        Protocol::Http => "http",
-                        Protocol::Tcp => "tcp",
-                    },
-                };
-                (labels, route.counters.load(now))
+                (
+                    route_labels(name, route.protocol()),
+                    route.counters.load(now),
+                )
             })
             .collect();
         let mut started = encoder.encode_descriptor(
@@ -103,6 +109,24 @@ impl prometheus_client::collector::Collector for RouteTraffic {
             for (labels, load) in &loads {
                 ConstGauge::new(value(load)).encode(family.encode_family(labels)?)?;
             }
+        }
+        let mut waited = encoder.encode_descriptor(
+            "hoist_interceptor_cold_start_seconds",
+            "How long requests (HTTP) or connections (TCP) were held for an upstream at zero or starting before it took them, per route (held ones that timed out, were refused or left are not in it)",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (name, route) in self.0.current().iter() {
+            let labels = route_labels(name, route.protocol());
+            let times = route.counters.cold_start_times();
+            waited
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(
+                    times.sum_seconds,
+                    times.count,
+                    &times.buckets,
+                    None,
+                )?;
         }
         let mut answered = encoder.encode_descriptor(
             "hoist_interceptor_refused",

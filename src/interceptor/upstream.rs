@@ -309,13 +309,17 @@ impl Upstream {
                 limit: max_held,
             });
         };
+        let held_since = Instant::now();
         self.ensure_probe();
         let opened = tokio::select! {
             opened = tokio::time::timeout_at(deadline, accepting.wait_for(|up| *up)) => opened,
             _ = self.closing.cancelled() => return Err(self.closed_error()),
         };
         match opened {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => {
+                self.counters.cold_start_waited(held_since.elapsed());
+                Ok(())
+            }
             _ => {
                 if let Some(timed_out) = self.timed_out.note() {
                     let last_error = self.last_error();
