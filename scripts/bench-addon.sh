@@ -11,7 +11,7 @@
 # docs/BENCHMARKS.md, with the goals of issue 39 marked met or not):
 #   - warm path: wrk at 1 and 64 keep-alive connections to the app's pod
 #     directly, through hoist's HTTP route, the add-on's interceptor, nginx
-#     (a host process) and hoist's TCP route: requests/s, p50/p99, the
+#     (placed as a pod is, below) and hoist's TCP route: requests/s, p50/p99, the
 #     proxy's CPU per request, RSS. Each proxy sends to the app's Service
 #     (its ClusterIP, kube-proxy's rules); wrk reaches each pod directly.
 #   - cold start: an app at zero woken by one request, its pod Ready 0, 2
@@ -66,6 +66,7 @@ results="$work/results.jsonl"
 nginx_pid=""
 cleanup() {
   [ -n "$nginx_pid" ] && kill "$nginx_pid" 2>/dev/null || true
+  declare -F nginx_netns_down >/dev/null && nginx_netns_down
   if [ "${BENCH_KEEP:-0}" = 1 ]; then
     echo "work directory kept: $work; the node is still up (scripts/controlplane.sh down with CONTROLPLANE_DIR=$CONTROLPLANE_DIR)" >&2
   else
@@ -168,12 +169,39 @@ memory() { # COLUMN: one JSON line per process with this column's RSS
 sleep 10
 memory idle
 
-say "nginx on the host, to the same Service"
+# nginx is no pod (no image of it is built here), but it sits where one
+# would: in a network namespace of its own (unshare's, held by a process,
+# so nothing is mounted and it goes when they end), on a veth in the
+# node's bridge (scripts/node.sh's hoist0) with an address of the pod
+# range the node's IPAM does not reach in this run (.250), so its clients
+# and its upstream cross the same bridge, conntrack and kube-proxy rules
+# as the pods'.
+say "nginx in a network namespace on the node's bridge, to the same Service"
+netns_holder=""
+nginx_netns_down() {
+  [ -n "$netns_holder" ] && kill "$netns_holder" 2>/dev/null || true
+  ip link del hbn-host 2>/dev/null || true
+}
+nginx_netns_down
 stream_module="$(nginx_stream_module)"
-nginx_port="$("$ROOT/target/release/hoist-load" free-ports 2)"
-read -r nginx_port nginx_tcp_port <<<"$nginx_port"
-nginx_config "$work/nginx" "$stream_module" "127.0.0.1:$nginx_port" "127.0.0.1:$nginx_tcp_port" "$web_service"
-taskset -c "$PROXY_CPU" nginx -c "$work/nginx/nginx.conf" -p "$work/nginx" >"$work/nginx/out.log" 2>&1 &
+bridge_ip="$(ip -4 -o addr show hoist0 | awk '{print $4}' | cut -d/ -f1)"
+nginx_ip="${bridge_ip%.*}.250"
+unshare --net sleep infinity &
+netns_holder=$!
+sleep 0.2
+in_netns() { nsenter -t "$netns_holder" -n "$@"; }
+ip link add hbn-host type veth peer name hbn-pod
+ip link set hbn-pod netns "$netns_holder"
+ip link set hbn-host master hoist0 up
+in_netns ip addr add "$nginx_ip/24" dev hbn-pod
+in_netns ip link set hbn-pod up
+in_netns ip link set lo up
+in_netns ip route add default via "$bridge_ip"
+nginx_config "$work/nginx" "$stream_module" "$nginx_ip:8080" "$nginx_ip:9100" "$web_service"
+# Not through in_netns: a function in the background is a subshell, and
+# $! would be its pid rather than nginx's (nsenter and taskset exec).
+nsenter -t "$netns_holder" -n taskset -c "$PROXY_CPU" nginx -c "$work/nginx/nginx.conf" -p "$work/nginx" \
+  >"$work/nginx/out.log" 2>&1 &
 nginx_pid=$!
 
 # Everything of the cluster on CPU 0 (the control plane's process groups,
@@ -195,7 +223,7 @@ pin_cluster
 sleep 1
 
 say "warm path: wrk, ${SECONDS_PER_POINT} s points, $REPEAT runs each"
-for address in "$hoist_ip:8080" "$addon_ip:8080" "127.0.0.1:$nginx_port" "$hoist_ip:9100"; do
+for address in "$hoist_ip:8080" "$addon_ip:8080" "$nginx_ip:8080" "$hoist_ip:9100"; do
   "${CLIENT[@]}" wrk -t1 -c64 -d1s -H 'Host: web.bench' "http://$address/" >/dev/null
 done
 for connections in 1 64; do
@@ -203,13 +231,15 @@ for connections in 1 64; do
     wrk_point http direct "$connections" "$web_ip:8080" >>"$results"
     wrk_point http hoist "$connections" "$hoist_ip:8080" "$hoist_pid" >>"$results"
     wrk_point http addon "$connections" "$addon_ip:8080" "$addon_pid" >>"$results"
-    wrk_point http nginx "$connections" "127.0.0.1:$nginx_port" "$nginx_pid" >>"$results"
+    wrk_point http nginx "$connections" "$nginx_ip:8080" "$nginx_pid" >>"$results"
     wrk_point tcp hoist-tcp "$connections" "$hoist_ip:9100" "$hoist_pid" >>"$results"
   done
 done
 memory warm
 kill "$nginx_pid" 2>/dev/null || true
+wait "$nginx_pid" 2>/dev/null || true
 nginx_pid=""
+nginx_netns_down
 
 bench_py() { taskset -c 0 python3 scripts/bench-addon.py "$@" --kubeconfig "$kubeconfig"; }
 say "cold start: $COLD_SAMPLES wake-ups per proxy at readiness delays 0, 2 and 10 s"
@@ -248,9 +278,10 @@ say "route updates with the $ROUTES in place"
 bench_py update --hoist "$hoist_ip:8080" --addon "$addon_ip:8080" >>"$results"
 
 finished_at=$(date +%s)
+wrk_version="$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2 || true)" # wrk -v exits 1
 addon_version="$(go -C tools/http-add-on list -m -f '{{.Version}}' github.com/kedacore/http-add-on)"
-summary="- When: $(date -u -d "@$started_at" '+%Y-%m-%d %H:%M UTC'), $(( (finished_at - started_at) / 60 )) min, $cpus CPUs, hoist at $(git rev-parse --short HEAD) (release build, its image); $(scripts/controlplane.sh versions); the KEDA HTTP add-on $addon_version (its config/default, images built here); $(nginx -v 2>&1 | sed 's/.*: //'); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2).
-- One node; the proxies (hoist's pod, with a 1-CPU limit as the add-on's interceptor has; the add-on's interceptor; nginx) on CPU $PROXY_CPU, the rest of the cluster, wrk and the requests' sender on CPU 0. The app is \`hoist-load upstream\` (one thread) in a pod; each proxy forwards to its Service. The HPA controller syncs every 15 s.
+summary="- When: $(date -u -d "@$started_at" '+%Y-%m-%d %H:%M UTC'), $(( (finished_at - started_at) / 60 )) min, $cpus CPUs, hoist at $(git rev-parse --short HEAD) (release build, its image); $(scripts/controlplane.sh versions); the KEDA HTTP add-on $addon_version (its config/default, images built here); $(nginx -v 2>&1 | sed 's/.*: //'); $wrk_version.
+- One node; the proxies (hoist's pod, with a 1-CPU limit as the add-on's interceptor has; the add-on's interceptor; nginx, \`worker_processes 1\`, in a network namespace on the node's bridge as a pod would be) on CPU $PROXY_CPU, the rest of the cluster, wrk and the requests' sender on CPU 0. The app is \`hoist-load upstream\` (one thread) in a pod; each proxy forwards to its Service's ClusterIP, wrk reaches each proxy at its pod address. The HPA controller syncs every 15 s; kube-proxy (iptables) at its defaults.
 - Command: \`scripts/bench-addon.sh\` (part 10 of \`scripts/bench.sh\`)."
 python3 - "$results" "$summary" <<'EOF'
 import json, sys

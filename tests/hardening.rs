@@ -186,6 +186,16 @@ async fn a_request_held_past_the_idle_timeout_is_not_cut_off() {
 }
 
 #[tokio::test]
+async fn a_request_to_an_upstream_that_answers_no_connection_attempt_is_held_then_served() {
+    let app = AppPort::reserve();
+    let _queue = app.listen_unanswered();
+    let hoist = Hoist::start_with(web_to(app.addr)).await;
+    let answer = held_until_the_app_starts(&hoist, app, Duration::from_millis(300)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("host=web.test"), "{answer}");
+}
+
+#[tokio::test]
 async fn a_released_holds_wait_is_in_the_cold_start_histogram() {
     let app = AppPort::reserve();
     let hoist = Hoist::start_with(web_to(app.addr)).await;

@@ -5,13 +5,16 @@
 //! A request (connection) that finds the gate closed is held: counted,
 //! capped, bounded by its own deadline, and released the moment the gate
 //! opens. One probe per upstream retries while anyone is held, so a cold
-//! start costs one connection attempt every 25 ms, however many wait.
+//! start costs one connection attempt every 25 ms (at most ten
+//! unanswered at once), however many wait.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -29,6 +32,25 @@ pub const RETRY_EVERY: Duration = Duration::from_millis(25);
 /// One connection attempt may take this long: an upstream that drops
 /// connection attempts (a gone pod's IP) is held for like one that refuses.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// An attempt at an upstream nothing reached for TRUST_FOR (the first
+/// request after an idle spell, or to a new route) gets only this long
+/// before the request is held, which wakes the scaler. A Service with no
+/// ready endpoints does not always refuse at once: kube-proxy's REJECT
+/// answers with an ICMP error the kernel sends at most once a second per
+/// client, and some networks send none, so the attempt would otherwise
+/// sit out ATTEMPT_TIMEOUT before the cold start even began. An app that
+/// is up but slower than this to accept is held for a moment and released
+/// by the probe's first attempt.
+const UNPROVEN_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// While one of the probe's attempts is unanswered, the next starts this
+/// much later (RETRY_EVERY after a refusal): where attempts are dropped
+/// rather than refused, each waits out its ATTEMPT_TIMEOUT, and one
+/// leaving every 100 ms finds the app within that of its path opening,
+/// not on the next whole second. At most ATTEMPT_TIMEOUT / STAGGER
+/// (ten) are unanswered at once.
+const STAGGER: Duration = Duration::from_millis(100);
 
 /// An open gate is trusted this long after the upstream last answered;
 /// after that the next request checks with one connection attempt, so a
@@ -338,7 +360,12 @@ impl Upstream {
     /// The name is resolved again each time: the addresses checked are
     /// the ones connected to.
     async fn attempt(&self, deadline: Instant) -> Result<TcpStream, Attempt> {
-        let until = deadline.min(Instant::now() + ATTEMPT_TIMEOUT);
+        let bound = if self.recently_reached() {
+            ATTEMPT_TIMEOUT
+        } else {
+            UNPROVEN_ATTEMPT_TIMEOUT
+        };
+        let until = deadline.min(Instant::now() + bound);
         let dial = async {
             let addresses = self
                 .dialer
@@ -387,9 +414,12 @@ impl Upstream {
     }
 
     /// Retries the upstream while anyone is held; opens the gate on the
-    /// first connection it makes.
+    /// first connection it makes. Attempts overlap, STAGGER apart, each
+    /// bounded by ATTEMPT_TIMEOUT.
     async fn probe(self: Arc<Self>) {
         let mut resolved: Option<(Instant, Vec<SocketAddr>)> = None;
+        let mut attempts = FuturesUnordered::new();
+        let mut next_attempt = Instant::now();
         loop {
             if self.counters.held() == 0 {
                 self.probing.store(false, Ordering::Release);
@@ -398,31 +428,11 @@ impl Upstream {
                     return;
                 }
             }
-            let fresh = resolved
-                .as_ref()
-                .is_some_and(|(at, _)| at.elapsed() < RESOLVE_EVERY);
-            if !fresh {
-                match tokio::time::timeout(ATTEMPT_TIMEOUT, self.dialer.resolve(&self.address))
-                    .await
-                {
-                    Ok(Ok(addresses)) => resolved = Some((Instant::now(), addresses)),
-                    Ok(Err(error)) => self.close_gate(format!("cannot resolve: {error}")),
-                    Err(_) => self.close_gate("name lookup timed out".to_string()),
-                }
-            }
-            let addresses = resolved
-                .as_ref()
-                .map(|(_, addresses)| addresses.as_slice())
-                .unwrap_or_default();
-            if !addresses.is_empty() {
-                match tokio::time::timeout(ATTEMPT_TIMEOUT, self.dialer.connect(addresses)).await {
+            tokio::select! {
+                Some(outcome) = attempts.next(), if !attempts.is_empty() => match outcome {
                     Ok(Ok(_)) => {
                         debug!(route = %self.route, upstream = %self.address, "upstream accepts connections; releasing held requests");
-                        self.reached();
-                        // Stop probing first: a failure right after this must
-                        // be able to start the next probe.
-                        self.probing.store(false, Ordering::Release);
-                        self.accepting.send_replace(true);
+                        self.open_gate();
                         return;
                     }
                     // Nothing to wait for: the held requests are let go,
@@ -432,12 +442,48 @@ impl Upstream {
                         self.accepting.send_replace(true);
                         return;
                     }
-                    Ok(Err(DialError::Failed(error))) => self.close_gate(error),
+                    Ok(Err(DialError::Failed(error))) => {
+                        self.close_gate(error);
+                        if attempts.is_empty() {
+                            next_attempt = next_attempt.min(Instant::now() + RETRY_EVERY);
+                        }
+                    }
                     Err(_) => self.close_gate("connection attempt timed out".to_string()),
+                },
+                () = tokio::time::sleep_until(next_attempt) => {
+                    next_attempt = Instant::now() + STAGGER;
+                    let fresh = resolved
+                        .as_ref()
+                        .is_some_and(|(at, _)| at.elapsed() < RESOLVE_EVERY);
+                    if !fresh {
+                        match tokio::time::timeout(ATTEMPT_TIMEOUT, self.dialer.resolve(&self.address))
+                            .await
+                        {
+                            Ok(Ok(addresses)) => resolved = Some((Instant::now(), addresses)),
+                            Ok(Err(error)) => self.close_gate(format!("cannot resolve: {error}")),
+                            Err(_) => self.close_gate("name lookup timed out".to_string()),
+                        }
+                    }
+                    if let Some((_, addresses)) = &resolved
+                        && !addresses.is_empty()
+                    {
+                        let upstream = self.clone();
+                        let addresses = addresses.clone();
+                        attempts.push(async move {
+                            tokio::time::timeout(ATTEMPT_TIMEOUT, upstream.dialer.connect(&addresses)).await
+                        });
+                    }
                 }
             }
-            tokio::time::sleep(RETRY_EVERY).await;
         }
+    }
+
+    fn open_gate(&self) {
+        self.reached();
+        // Stop probing first: a failure right after this must be able to
+        // start the next probe.
+        self.probing.store(false, Ordering::Release);
+        self.accepting.send_replace(true);
     }
 }
 

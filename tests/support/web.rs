@@ -185,6 +185,23 @@ impl AppPort {
         Self { socket, addr }
     }
 
+    /// The port listens but answers no connection attempt, as a Service
+    /// whose endpoints are not yet programmed may: its accept queue is
+    /// filled by the connections returned (keep them), so the kernel drops
+    /// further attempts unanswered. `listen` lets everyone in.
+    pub fn listen_unanswered(&self) -> Vec<std::net::TcpStream> {
+        self.socket.listen(0).unwrap();
+        (0..4)
+            .filter_map(|_| {
+                std::net::TcpStream::connect_timeout(
+                    &self.addr,
+                    std::time::Duration::from_millis(200),
+                )
+                .ok()
+            })
+            .collect()
+    }
+
     /// The app comes up: the reserved port starts listening.
     pub fn listen(self) -> TcpListener {
         self.socket.listen(1024).unwrap();
