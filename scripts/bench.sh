@@ -24,7 +24,7 @@
 #      needs root).
 #
 # Installs what it needs when missing (redis-server, nginx with its stream
-# module, wrk: Debian packages, with apt-get). Takes about 17 minutes on 2
+# module, wrk: Debian packages, with apt-get). Takes about 35 minutes on 2
 # cores. Knobs (environment):
 #   BENCH_ONLY="rpc scale sources interceptor cold-start engine routes flood keda addon"   parts to run
 #   BENCH_SECONDS=5      length of each RPC and wrk point
