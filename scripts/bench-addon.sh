@@ -144,7 +144,6 @@ pod_pid() {
   echo "no process $2 in the pod of $1/$3" >&2
   return 1
 }
-rss_of() { rss_mib "$1"; }
 web_ip="$(pod_ip bench app=web)"
 web_service="$(k get service -n bench web -o jsonpath='{.spec.clusterIP}'):8080"
 hoist_ip="$(pod_ip keda app.kubernetes.io/name=hoist,app.kubernetes.io/component=scaler)"
@@ -163,7 +162,7 @@ memory() { # COLUMN: one JSON line per process with this column's RSS
     echo "the add-on's scaler|$addon_scaler_pid"
     echo "the add-on's operator|$addon_operator_pid"
   } | while IFS='|' read -r name pid; do
-    echo "{\"bench\":\"addon-memory-point\",\"process\":\"$name\",\"column\":\"$column\",\"rss_mib\":$(rss_of "$pid" 2>/dev/null || echo null)}"
+    echo "{\"bench\":\"addon-memory-point\",\"process\":\"$name\",\"column\":\"$column\",\"rss_mib\":$(rss_mib "$pid" 2>/dev/null || echo null)}"
   done >>"$results"
 }
 sleep 10
