@@ -228,9 +228,10 @@ def hoist_route(name, metric=None, **settings):
     return [scaled_object(name, trigger, HOIST_SCALER, **settings)]
 
 
-def addon_route(name, metric="concurrency", target=None, **settings):
+def addon_route(name, metric="concurrency", target=None, route_only=False, **settings):
     """The add-on's current API (v1beta1): an InterceptorRoute, and the
-    ScaledObject its users write, naming it."""
+    ScaledObject its users write, naming it (none with `route_only`: the
+    interceptor routes it all the same)."""
     scaling = ({"concurrency": {"targetValue": 10}} if metric == "concurrency"
                else {"requestRate": {"targetValue": 10, "window": "1m", "granularity": "1s"}})
     route = {
@@ -243,9 +244,8 @@ def addon_route(name, metric="concurrency", target=None, **settings):
             "scalingMetric": scaling,
         },
     }
-    if settings.get("route_only"):
+    if route_only:
         return [route]
-    settings.pop("route_only", None)
     return [route, scaled_object(name, {"interceptorRoute": name}, ADDON_SCALER, **settings)]
 
 
