@@ -1025,8 +1025,11 @@ async fn a_hoist_pod_deleted_mid_climb_loses_no_capacity(
         })
         .await;
     let deleted = &before[0];
-    plane.must(&["delete", "pod", "-n", "keda", deleted, "--wait=false"]);
+    // From when the deletion is asked: KEDA may take the worker from 1 to
+    // 8 while `kubectl delete` runs, and the HPA then rightly lowers it as
+    // the list empties (its metric is the jobs waiting, not those in hand).
     let deleted_at = watch.elapsed();
+    plane.must(&["delete", "pod", "-n", "keda", deleted, "--wait=false"]);
     let drained = wait_for_jobs(&mut redis, JOBS, &watch, Duration::from_secs(240)).await;
     let during: Vec<i32> = watch
         .samples()
