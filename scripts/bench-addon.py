@@ -99,9 +99,6 @@ class Kube:
         if status >= 300:
             raise RuntimeError(f"creating {obj['kind']} {obj['metadata']['name']}: {status} {answer}")
 
-    def delete(self, obj):
-        self.request("DELETE", f"{collection(obj)}/{obj['metadata']['name']}")
-
     def get(self, path):
         status, answer = self.request("GET", path)
         return answer if status == 200 else None
@@ -529,8 +526,8 @@ def update(args):
 # --- the report ----------------------------------------------------------------------
 
 
-def median_max(values, unit="", scale=1.0, digits=2):
-    values = [v * scale for v in values if v is not None]
+def median_max(values, unit="", digits=2):
+    values = [v for v in values if v is not None]
     if not values:
         return "–"
     return f"{statistics.median(values):.{digits}f} / {max(values):.{digits}f}{unit}"

@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-
-use super::cold_start_times::{ColdStartTimes, Snapshot};
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+use super::cold_start_times::{ColdStartTimes, Snapshot};
 
 /// ACA's window: the rate is the requests of the past 15 s divided by 15.
 pub const WINDOW: Duration = Duration::from_secs(15);
