@@ -589,6 +589,19 @@ def report(args):
         goals.append(f"- the add-on's CPU per request ÷ hoist's at 64 connections: {addon_cpu / hoist_cpu:.1f}×"
                      f" (goal ≥ 3×: {goal(addon_cpu / hoist_cpu >= 3)}).")
 
+    perf = [l for l in lines if l.get("bench") == "addon-perf"]
+    if perf:
+        table_head(out, "**Where the CPU goes** at 64 connections (one more wrk point each, with `perf stat`"
+                   " counting the process's system calls and context switches; user and system time from"
+                   " `/proc/PID/stat`), per request:",
+                   [("via", False), ("user", True), ("system", True), ("system calls", True),
+                    ("context switches", True)])
+        for l in perf:
+            out.append(f"| {names.get(l['via'], l['via'])} | {l['user_us_per_request']:.1f} µs |"
+                       f" {l['system_us_per_request']:.1f} µs | {l['syscalls_per_request']:.2f} |"
+                       f" {l['switches_per_request']:.3f} |")
+        out.append("")
+
     # memory
     memory = [l for l in lines if l.get("bench") == "addon-memory"]
     if memory:

@@ -12,8 +12,9 @@
 #   - warm path: wrk at 1 and 64 keep-alive connections to the app's pod
 #     directly, through hoist's HTTP route, the add-on's interceptor, nginx
 #     (placed as a pod is, below) and hoist's TCP route: requests/s, p50/p99, the
-#     proxy's CPU per request, RSS. Each proxy sends to the app's Service
-#     (its ClusterIP, kube-proxy's rules); wrk reaches each pod directly.
+#     proxy's CPU per request, RSS. hoist (the chart's directToPods) and
+#     nginx send to the app's pod, the add-on v0.15.0 (which cannot) to
+#     its Service's ClusterIP; wrk reaches each proxy's pod directly.
 #   - cold start: an app at zero woken by one request, its pod Ready 0, 2
 #     and 10 s after it starts, BENCH_ADDON_COLD_SAMPLES wake-ups each
 #     (scripts/bench-addon.py cold): request → answer and answer − Ready.
@@ -49,6 +50,7 @@ say() { echo "== $*" >&2; }
 packages=()
 command -v wrk >/dev/null 2>&1 || packages+=(wrk)
 command -v nginx >/dev/null 2>&1 || packages+=(nginx)
+command -v perf >/dev/null 2>&1 || packages+=(linux-perf)
 [ ${#packages[@]} -eq 0 ] || scripts/deps.sh "${packages[@]}"
 scripts/layer-tool.sh helm
 scripts/layer-tool.sh kubectl
@@ -175,7 +177,7 @@ memory idle
 # range the node's IPAM does not reach in this run (.250), so its clients
 # and its upstream cross the same bridge, conntrack and kube-proxy rules
 # as the pods'.
-say "nginx in a network namespace on the node's bridge, to the same Service"
+say "nginx in a network namespace on the node's bridge, to the app's pod"
 netns_holder=""
 nginx_netns_down() {
   [ -n "$netns_holder" ] && kill "$netns_holder" 2>/dev/null || true
@@ -196,7 +198,9 @@ in_netns ip addr add "$nginx_ip/24" dev hbn-pod
 in_netns ip link set hbn-pod up
 in_netns ip link set lo up
 in_netns ip route add default via "$bridge_ip"
-nginx_config "$work/nginx" "$stream_module" "$nginx_ip:8080" "$nginx_ip:9100" "$web_service"
+# To the app's pod, as hoist (the chart's interceptor.directToPods) dials
+# it: the same path for the two whose CPU is compared.
+nginx_config "$work/nginx" "$stream_module" "$nginx_ip:8080" "$nginx_ip:9100" "$web_ip:8080"
 # Not through in_netns: a function in the background is a subshell, and
 # $! would be its pid rather than nginx's (nsenter and taskset exec).
 nsenter -t "$netns_holder" -n taskset -c "$PROXY_CPU" nginx -c "$work/nginx/nginx.conf" -p "$work/nginx" \
@@ -235,6 +239,48 @@ for connections in 1 64; do
   done
 done
 memory warm
+
+# Where each proxy's CPU goes: one more 64-connection point each, with
+# perf counting the process's system calls and context switches, and its
+# user and system time apart.
+perf_point() { # VIA ADDRESS PID
+  local via="$1" address="$2" pid="$3" out before after
+  wrk_report_script
+  before="$(awk '{print $14, $15}' "/proc/$pid/stat")"
+  perf stat -x, -e raw_syscalls:sys_enter,context-switches -p "$pid" -o "$work/perf-$via.csv" \
+    -- sleep "$((SECONDS_PER_POINT + 1))" 2>/dev/null &
+  local perf_pid=$!
+  sleep 0.5
+  out=$("${CLIENT[@]}" wrk -t1 -c64 -d"${SECONDS_PER_POINT}s" -H 'Host: web.bench' \
+    -s "$work/report.lua" "http://$address/" | grep '^BENCHJSON' | sed 's/^BENCHJSON //') || true
+  wait "$perf_pid" || true
+  after="$(awk '{print $14, $15}' "/proc/$pid/stat")"
+  python3 - "$via" "$out" "$work/perf-$via.csv" "$before" "$after" "$(getconf CLK_TCK)" >>"$results" <<'PY'
+import json, sys
+via, out, csv, before, after, hz = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
+if not out:
+    sys.exit(0)
+requests = json.loads(out)["requests"]
+counts = {}
+for line in open(csv):
+    fields = line.strip().split(",")
+    if len(fields) > 2 and fields[0].replace(".", "").isdigit():
+        counts[fields[2]] = float(fields[0])
+(u0, s0), (u1, s1) = ([int(x) for x in t.split()] for t in (before, after))
+print(json.dumps({"bench": "addon-perf", "via": via, "requests": requests,
+                  "syscalls_per_request": counts.get("raw_syscalls:sys_enter", 0) / requests,
+                  "switches_per_request": counts.get("context-switches", 0) / requests,
+                  "user_us_per_request": (u1 - u0) * 1e6 / hz / requests,
+                  "system_us_per_request": (s1 - s0) * 1e6 / hz / requests}))
+PY
+}
+if command -v perf >/dev/null 2>&1; then
+  say "where the CPU goes: perf's counts at 64 connections"
+  perf_point hoist "$hoist_ip:8080" "$hoist_pid"
+  perf_point nginx "$nginx_ip:8080" "$nginx_pid"
+  perf_point hoist-tcp "$hoist_ip:9100" "$hoist_pid"
+  perf_point addon "$addon_ip:8080" "$addon_pid"
+fi
 kill "$nginx_pid" 2>/dev/null || true
 wait "$nginx_pid" 2>/dev/null || true
 nginx_pid=""
@@ -280,7 +326,7 @@ finished_at=$(date +%s)
 wrk_version="$(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2 || true)" # wrk -v exits 1
 addon_version="$(go -C tools/http-add-on list -m -f '{{.Version}}' github.com/kedacore/http-add-on)"
 summary="- When: $(date -u -d "@$started_at" '+%Y-%m-%d %H:%M UTC'), $(( (finished_at - started_at) / 60 )) min, $cpus CPUs, hoist at $(git rev-parse --short HEAD) (release build, its image); $(scripts/controlplane.sh versions); the KEDA HTTP add-on $addon_version (its config/default, images built here); $(nginx -v 2>&1 | sed 's/.*: //'); $wrk_version.
-- One node; the proxies (hoist's pod, with a 1-CPU limit as the add-on's interceptor has; the add-on's interceptor; nginx, \`worker_processes 1\`, in a network namespace on the node's bridge as a pod would be) on CPU $PROXY_CPU, the rest of the cluster, wrk and the requests' sender on CPU 0. The app is \`hoist-load upstream\` (one thread) in a pod; each proxy forwards to its Service's ClusterIP, wrk reaches each proxy at its pod address. The HPA controller syncs every 15 s; kube-proxy (iptables) at its defaults.
+- One node; the proxies (hoist's pod, with a 1-CPU limit as the add-on's interceptor has; the add-on's interceptor; nginx, \`worker_processes 1\`, in a network namespace on the node's bridge as a pod would be) on CPU $PROXY_CPU, the rest of the cluster, wrk and the requests' sender on CPU 0. The app is \`hoist-load upstream\` (one thread) in a pod; hoist (the chart's \`interceptor.directToPods\`) and nginx forward to its pod's address, the add-on v0.15.0 (which cannot) to its Service's ClusterIP; wrk reaches each proxy at its pod address. The HPA controller syncs every 15 s; kube-proxy (iptables) at its defaults.
 - Command: \`scripts/bench-addon.sh\` (part 10 of \`scripts/bench.sh\`)."
 python3 - "$results" "$summary" <<'EOF'
 import json, sys

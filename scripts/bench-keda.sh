@@ -232,8 +232,15 @@ $(trigger "$mode" "$groups" "$i")"
 }
 
 replicas_at_one() { # namespace: how many Deployments ask for 1 or more
-  kubectl get deployments -n "$1" -o jsonpath='{range .items[*]}{.spec.replicas}{"\n"}{end}' |
-    awk '$1 >= 1 {n++} END {print n + 0}'
+  # Retried: at 1,000 ScaledObjects the API server, busy with KEDA's
+  # writes after a push, at times resets a read's stream (INTERNAL_ERROR).
+  local listed tries=0
+  until listed=$(kubectl get deployments -n "$1" -o jsonpath='{range .items[*]}{.spec.replicas}{"\n"}{end}' 2>"$work/kubectl.err"); do
+    tries=$((tries + 1))
+    [ "$tries" -lt 5 ] || { cat "$work/kubectl.err" >&2; return 1; }
+    sleep 0.5
+  done
+  awk '$1 >= 1 {n++} END {print n + 0}' <<<"$listed"
 }
 seconds() { awk -v ms="$1" 'BEGIN {printf "%.1f", ms / 1000}'; }
 

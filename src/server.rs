@@ -22,6 +22,7 @@ use crate::grpc::edge::EdgeLayer;
 use crate::interceptor::Interceptor;
 use crate::interceptor::fleet::Fleet;
 use crate::interceptor::route_metrics::RouteTraffic;
+use crate::interceptor::table::RouteControl;
 use crate::interceptor::traffic::Traffic;
 use crate::metrics::Metrics;
 use crate::persist;
@@ -190,6 +191,9 @@ impl Server {
             registry.register_collector(Box::new(RouteTraffic(routes.clone())));
         }
         let local_routes = interceptor.as_ref().map(Interceptor::control);
+        if let Some(control) = &local_routes {
+            dial_pods(&settings, control, cancel.clone()).await?;
+        }
         let http_addr = interceptor.as_ref().and_then(Interceptor::http_addr);
         let proxies = interceptor.map(|interceptor| {
             info!(http = ?interceptor.http_addr(), tcp = ?interceptor.tcp_addrs(), "interceptor is proxying");
@@ -401,6 +405,7 @@ async fn run_interceptor(
     let interceptor = interceptor.ok_or(ServerError::NoRoutes)?;
     let routes = interceptor.routes();
     let stop = CancellationToken::new();
+    dial_pods(&settings, &interceptor.control(), stop.clone()).await?;
     let following = match &settings.interceptor.scaler {
         Some(scaler) => {
             let (status, following) = watch::channel(Default::default());
@@ -508,6 +513,31 @@ fn serve_admin(
             })
         }
     })
+}
+
+/// With `interceptor.direct_to_pods`, the proxies dial Services' ready
+/// pods from their EndpointSlices; without a cluster to read (`auto` and
+/// no configuration found) they dial the Services, and the log says so.
+async fn dial_pods(
+    settings: &Settings,
+    control: &RouteControl,
+    cancel: CancellationToken,
+) -> Result<(), ServerError> {
+    if !settings.interceptor.direct_to_pods {
+        return Ok(());
+    }
+    match crate::cluster::connect_client(&settings.kubernetes).await? {
+        Some((client, _)) => control.dial_pods(crate::cluster::ServiceEndpoints::new(
+            client,
+            &settings.interceptor.cluster_domain,
+            cancel,
+        )),
+        None => warn!(
+            setting = "interceptor.direct_to_pods",
+            "no Kubernetes configuration found: the proxies dial Services' addresses, not their pods"
+        ),
+    }
+    Ok(())
 }
 
 /// Starts reloading the config (see [`crate::reload`]), with its metrics.

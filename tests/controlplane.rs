@@ -20,6 +20,7 @@ use hoist::config::Settings;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::Api;
+use support::web::{Upstream, echo, http_route, http1_client, send};
 use support::{Hoist, RedisServer, free_port};
 
 /// Scenarios that stop parts of the control plane take this alone; every
@@ -254,6 +255,67 @@ spec:
 "#,
         secret = redis_secret(namespace, password)
     )
+}
+
+/// A Service `name` without a selector (so only the test makes its
+/// EndpointSlices) on port 80 (`http`, to target port 8080), and one
+/// EndpointSlice of it whose one endpoint is `app`, ready or not.
+fn service_with_slice(
+    namespace: &str,
+    name: &str,
+    app: std::net::SocketAddr,
+    ready: bool,
+) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: {namespace}
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}, protocol: TCP}}]
+endpoints:
+  - addresses: ["{ip}"]
+    conditions: {{ready: {ready}}}
+"#,
+        ip = app.ip(),
+        port = app.port(),
+    )
+}
+
+/// An app on this machine's own address (not loopback, which an
+/// EndpointSlice may not hold): the address a UDP socket "connected"
+/// towards a documentation address would send from (nothing is sent).
+async fn app_on_this_machines_address() -> Upstream {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    probe.connect("192.0.2.1:9").unwrap();
+    let address = probe.local_addr().unwrap().ip();
+    assert!(
+        !address.is_loopback(),
+        "this machine has an address of its own"
+    );
+    let listener = tokio::net::TcpListener::bind((address, 0)).await.unwrap();
+    Upstream::serve(listener, echo)
+}
+
+/// hoist's interceptor with one route, `host` to the Service `name` in
+/// `namespace` by its cluster name (which resolves nowhere on this
+/// machine: only the Service's EndpointSlices lead to the app), dialling
+/// pods (`interceptor.direct_to_pods`).
+fn dial_pods_of(settings: &mut Settings, host: &str, name: &str, namespace: &str) {
+    let upstream = format!("{name}.{namespace}.svc.cluster.local:80");
+    let mut route = http_route(name, host, "127.0.0.1:1".parse().unwrap());
+    route.upstream = upstream;
+    settings.interceptor.http_listen = "127.0.0.1:0".parse().unwrap();
+    settings.interceptor.http_routes = vec![route];
+    settings.interceptor.direct_to_pods = true;
 }
 
 /// Fails with the names of the API calls RBAC refused hoist, if any.
@@ -852,6 +914,7 @@ async fn every_grant_of_the_chart_is_used() {
     let password = "grants-password-5510";
     plane.namespace("rbac-readers");
     plane.must(&["create", "serviceaccount", "prom", "-n", "rbac-readers"]);
+    let app = app_on_this_machines_address().await;
     let scene = Scene::start(
         plane,
         "grants",
@@ -862,10 +925,19 @@ async fn every_grant_of_the_chart_is_used() {
             settings.admin.auth.require = Require::Always;
             settings.admin.auth.allowed_callers =
                 vec!["system:serviceaccount:rbac-readers:*".into()];
+            dial_pods_of(settings, "web.grants.test", "web", "grants");
         },
     )
     .await;
     let namespace = &scene.namespace;
+    // The interceptor reads the Service's pods (`directToPods`).
+    plane.apply(&service_with_slice(namespace, "web", app.addr, true));
+    let proxy = scene
+        .hoist
+        .http_proxy
+        .expect("the interceptor proxies HTTP");
+    let (status, _) = send(&http1_client(), proxy, "web.grants.test", "/").await;
+    assert_eq!(status, 200);
     let mut scaled_object = engine_scaled_object(namespace, scene.grpc, &scene.redis, 10);
     scaled_object = scaled_object.replace(
         "  - type: external\n",
@@ -948,6 +1020,46 @@ async fn every_grant_of_the_chart_is_used() {
     );
     assert_hoist_never_forbidden(plane);
     scene.hoist.stop().await.unwrap();
+}
+
+/// `interceptor.direct_to_pods` against the real API, as the chart's
+/// ServiceAccount: a request to a Service whose one pod is not ready is
+/// held; once the pod's EndpointSlice marks it ready, hoist dials that
+/// pod's address and port (the slice's: the Service's name resolves
+/// nowhere here, and its port is 80) and the request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_request_goes_to_the_pod_its_endpoint_slice_marks_ready() {
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let namespace = plane.namespace("direct-pods");
+    let app = app_on_this_machines_address().await;
+    plane.apply(&service_with_slice(&namespace, "web", app.addr, false));
+    let hoist = hoist_in(plane, free_port(), |settings| {
+        dial_pods_of(settings, "web.test", "web", &namespace);
+    })
+    .await;
+    let proxy = hoist.http_proxy.expect("the interceptor proxies HTTP");
+    let request =
+        tokio::spawn(async move { send(&http1_client(), proxy, "web.test", "/held").await });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !request.is_finished(),
+        "answered while the only pod was not ready: {:?}",
+        request.await
+    );
+    assert_eq!(app.requests(), 0);
+
+    plane.apply(&service_with_slice(&namespace, "web", app.addr, true));
+    let (status, body) = tokio::time::timeout(LIMIT, request)
+        .await
+        .expect("served once the pod is ready")
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("/held"), "the app's own answer: {body}");
+    assert_eq!(app.requests(), 1);
+
+    assert_hoist_never_forbidden(plane);
+    hoist.stop().await.unwrap();
 }
 
 /// Declared routes with trust from the real ScaledObject store and real

@@ -1348,7 +1348,9 @@ fn admin_auth_is_on_by_default_and_off_leaves_no_tokens_or_rbac_for_it() {
             .contains(&("keda".to_string(), "hoist-interceptor".to_string()))
     );
 
-    let off = render_with("interceptor:\n  mode: split\nadminAuth:\n  enabled: false\n");
+    let off = render_with(
+        "interceptor:\n  mode: split\n  directToPods: false\nadminAuth:\n  enabled: false\n",
+    );
     check_consistency("adminAuth off", &off);
     for deployment in kind(&off, "Deployment") {
         let settings = deployment_settings(&off, deployment);
@@ -1372,6 +1374,63 @@ fn admin_auth_is_on_by_default_and_off_leaves_no_tokens_or_rbac_for_it() {
     assert!(try_named(&off, "ClusterRole", "hoist-interceptor").is_none());
     let rules = json(&named(&off, "ClusterRole", "hoist")["rules"]).to_string();
     assert!(!rules.contains("tokenreviews"), "{rules}");
+}
+
+/// `interceptor.directToPods` (on by default): whichever pods run the
+/// proxies may list and watch Services and EndpointSlices, get a token to
+/// do it with, and their config turns `direct_to_pods` on; off, none of
+/// that.
+#[test]
+fn direct_to_pods_grants_its_reads_to_whichever_pods_run_the_proxies() {
+    let reads_pods = |docs: &[Yaml], role: &str| {
+        let Some(role) = try_named(docs, "ClusterRole", role) else {
+            return false;
+        };
+        let rules = list(&role["rules"]);
+        let grants = |group: &str, resource: &str| {
+            rules.iter().any(|rule| {
+                strings(&rule["apiGroups"]).contains(&group)
+                    && strings(&rule["resources"]).contains(&resource)
+                    && strings(&rule["verbs"]) == ["list", "watch"]
+            })
+        };
+        grants("", "services") && grants("discovery.k8s.io", "endpointslices")
+    };
+    let automounts = |docs: &[Yaml], deployment: &str| {
+        pod_spec(named(docs, "Deployment", deployment))["automountServiceAccountToken"].as_bool()
+    };
+    for (mode, runs_proxies, bystander) in [
+        ("inProcess", "hoist", None),
+        ("split", "hoist-interceptor", Some("hoist")),
+    ] {
+        for direct in [true, false] {
+            let docs = render_with(&format!(
+                "interceptor:\n  mode: {mode}\n  directToPods: {direct}\nadminAuth:\n  enabled: false\n"
+            ));
+            check_consistency(mode, &docs);
+            assert_eq!(reads_pods(&docs, runs_proxies), direct, "{mode}, {direct}");
+            if let Some(bystander) = bystander {
+                assert!(
+                    !reads_pods(&docs, bystander),
+                    "{mode}: only the proxies read pods"
+                );
+            }
+            let settings = deployment_settings(&docs, named(&docs, "Deployment", runs_proxies));
+            assert_eq!(settings.interceptor.direct_to_pods, direct, "{mode}");
+            if direct {
+                assert_eq!(automounts(&docs, runs_proxies), Some(true), "{mode}");
+            }
+        }
+    }
+    assert_eq!(
+        automounts(
+            &render_with(
+                "interceptor:\n  mode: split\n  directToPods: false\nadminAuth:\n  enabled: false\n"
+            ),
+            "hoist-interceptor"
+        ),
+        Some(false)
+    );
 }
 
 /// `kubernetes.triggerAuthentication`: off by default (hoist reads no

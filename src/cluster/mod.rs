@@ -8,6 +8,7 @@
 mod changes;
 mod keda_status;
 mod object;
+mod service_endpoints;
 mod targets;
 mod token_review;
 mod trigger_auth;
@@ -32,6 +33,7 @@ use tracing::{debug, info};
 pub use changes::{Changed, ObjectKey, next_batch};
 pub use keda_status::{Unreconciled, unreconciled};
 pub use object::{ScaleTarget, ScaledObjectView};
+pub use service_endpoints::ServiceEndpoints;
 pub use targets::TargetChange;
 pub use token_review::{Review, ReviewError, TokenReviewer};
 pub use trigger_auth::{AuthenticationKind, AuthenticationRef, ResolvedAuth, TriggerAuthError};
@@ -181,34 +183,9 @@ impl Cluster {
         settings: &KubernetesSettings,
         cancel: CancellationToken,
     ) -> Result<Option<Arc<Cluster>>, ClusterError> {
-        let config = match (&settings.kubeconfig, settings.enabled) {
-            (_, KubernetesAccess::Off) => return Ok(None),
-            (Some(path), _) => Some(from_file(path).await?),
-            (None, enabled) => match kube::Config::infer().await {
-                Ok(config) => Some(config),
-                Err(error) if enabled == KubernetesAccess::Auto => {
-                    info!(
-                        "no Kubernetes configuration found: engine mode cannot read replica counts ({error})"
-                    );
-                    None
-                }
-                Err(error) => return Err(ClusterError::NoConfig(error.to_string())),
-            },
-        };
-        let Some(mut config) = config else {
+        let Some((client, server)) = connect_client(settings).await? else {
             return Ok(None);
         };
-        // Two TLS providers are linked (reqwest brings aws-lc-rs): name one,
-        // as the rest of hoist does.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        // The connection, and every read: watches end server-side before
-        // the read timeout (see `WATCH_SECONDS`). Single calls are bounded
-        // more tightly where they are made.
-        config.connect_timeout = Some(settings.timeout);
-        config.read_timeout = Some(READ_TIMEOUT);
-        let server = config.cluster_url.to_string();
-        let client =
-            kube::Client::try_from(config).map_err(|e| ClusterError::Client(e.to_string()))?;
         let reporter = Reporter {
             controller: "hoist".into(),
             instance: std::env::var("POD_NAME")
@@ -530,6 +507,42 @@ async fn from_file(path: &Path) -> Result<kube::Config, ClusterError> {
 /// field managers, and the copy of the whole object `kubectl apply` keeps
 /// in an annotation. In a real cluster they are most of an object's bytes,
 /// and a store holds every object.
+/// A client of the API server as `settings` say, and the server's
+/// address: `None` when access is off, or `auto` and no configuration is
+/// found.
+pub async fn connect_client(
+    settings: &KubernetesSettings,
+) -> Result<Option<(kube::Client, String)>, ClusterError> {
+    let config = match (&settings.kubeconfig, settings.enabled) {
+        (_, KubernetesAccess::Off) => return Ok(None),
+        (Some(path), _) => Some(from_file(path).await?),
+        (None, enabled) => match kube::Config::infer().await {
+            Ok(config) => Some(config),
+            Err(error) if enabled == KubernetesAccess::Auto => {
+                info!(
+                    "no Kubernetes configuration found: hoist reads nothing from the cluster ({error})"
+                );
+                None
+            }
+            Err(error) => return Err(ClusterError::NoConfig(error.to_string())),
+        },
+    };
+    let Some(mut config) = config else {
+        return Ok(None);
+    };
+    // Two TLS providers are linked (reqwest brings aws-lc-rs): name one,
+    // as the rest of hoist does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // The connection, and every read: watches end server-side before
+    // the read timeout (see `WATCH_SECONDS`). Single calls are bounded
+    // more tightly where they are made.
+    config.connect_timeout = Some(settings.timeout);
+    config.read_timeout = Some(READ_TIMEOUT);
+    let server = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).map_err(|e| ClusterError::Client(e.to_string()))?;
+    Ok(Some((client, server)))
+}
+
 fn keep_what_is_read(object: &mut DynamicObject) {
     use kube::ResourceExt;
     object.managed_fields_mut().clear();

@@ -38,7 +38,20 @@ where
     /// holds it. `grant` completes the advice for a 403 (which RBAC rule
     /// grants the watch). Ends with `cancel`.
     pub(super) fn start(
+        api: (Api<K>, K::DynamicType),
+        names: (&'static str, &'static str),
+        trim: impl FnMut(&mut K) + Send + 'static,
+        cancel: &CancellationToken,
+        on_event: impl Fn(&watcher::Event<K>) + Send + 'static,
+    ) -> Self {
+        Self::start_with(api, super::watch_config(), names, trim, cancel, on_event)
+    }
+
+    /// As [`Self::start`], with a watch of its own (a label or field
+    /// selector).
+    pub(super) fn start_with(
         (api, dyntype): (Api<K>, K::DynamicType),
+        config: watcher::Config,
         (resource, grant): (&'static str, &'static str),
         trim: impl FnMut(&mut K) + Send + 'static,
         cancel: &CancellationToken,
@@ -48,9 +61,7 @@ where
         let store = writer.as_reader();
         let error = Arc::new(Mutex::new(None));
         let listed = tokio::sync::watch::Sender::new(false);
-        let stream = watcher(api, super::watch_config())
-            .modify(trim)
-            .reflect(writer);
+        let stream = watcher(api, config).modify(trim).reflect(writer);
         let first_list = listed.clone();
         follow(
             stream,

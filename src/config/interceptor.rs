@@ -119,6 +119,13 @@ pub struct InterceptorSettings {
     /// Let `%2F` and `%5C` (an encoded `/` or `\`) through in request
     /// paths; by default such a request gets a 400.
     pub allow_encoded_slashes: bool,
+    /// Dial an upstream that names a Service
+    /// (`name.namespace.svc[.<cluster_domain>]`) at its ready pods, as
+    /// the Service's EndpointSlices show them, instead of at the
+    /// Service's address: a held request reaches a pod as soon as it is
+    /// Ready, not when kube-proxy next syncs. Needs Kubernetes access and
+    /// list/watch on services and discovery.k8s.io endpointslices.
+    pub direct_to_pods: bool,
     /// Names resolved without the system's resolver (code only: tests).
     /// A reload reads no code: routes built after one resolve through
     /// the system again.
@@ -213,6 +220,7 @@ impl Default for InterceptorSettings {
             denied_networks: networks::default_denied_networks(),
             trusted_proxies: Vec::new(),
             allow_encoded_slashes: false,
+            direct_to_pods: false,
             host_overrides: HostOverrides::default(),
         }
     }

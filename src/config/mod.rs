@@ -446,6 +446,12 @@ impl Settings {
         self.interceptor.validate()?;
         auth::validate(&self.auth)?;
         auth::validate_trigger_authentication(&self.kubernetes)?;
+        if self.interceptor.direct_to_pods && self.kubernetes.enabled == KubernetesAccess::Off {
+            return Err(ConfigError::Invalid {
+                key: "interceptor.direct_to_pods".to_string(),
+                reason: "reads Services' EndpointSlices from the cluster, but kubernetes.enabled is false".to_string(),
+            });
+        }
         if self.kubernetes.timeout.is_zero() || self.kubernetes.timeout > Duration::from_secs(60) {
             return Err(ConfigError::Invalid {
                 key: "kubernetes.timeout".to_string(),
@@ -884,6 +890,10 @@ password = { file = "/var/run/secrets/redis/password" }
             ),
             ("[interceptor]\nendpoints = [\"http://x:9091\"]\n".to_string(), "interceptor.endpoints"),
             ("[interceptor]\nmax_held_per_route = 0\n".to_string(), "interceptor.max_held_per_route"),
+            (
+                "[interceptor]\ndirect_to_pods = true\n[kubernetes]\nenabled = false\n".to_string(),
+                "interceptor.direct_to_pods",
+            ),
             ("[interceptor]\nmax_connections = 0\n".to_string(), "interceptor.max_connections"),
             ("[interceptor]\nidle_timeout = \"0s\"\n".to_string(), "interceptor.idle_timeout"),
             ("[interceptor]\nsend_timeout = \"0s\"\n".to_string(), "interceptor.send_timeout"),

@@ -1,5 +1,6 @@
 //! How an upstream is dialled: its name resolved (hoist's code-only host
-//! table first, then the system), the addresses a declared route may not
+//! table first; then, with `interceptor.direct_to_pods`, a Service's ready
+//! pods as its EndpointSlices show them; then the system), the addresses a declared route may not
 //! reach dropped (`interceptor.denied_networks`), and the rest tried in
 //! turn.
 //!
@@ -17,9 +18,12 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use ipnet::IpNet;
 use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::cluster::ServiceEndpoints;
 
 use crate::config::{
     HostOverrides, InterceptorSettings, OWN_ADDRESSES, network_contains, parse_network,
@@ -94,11 +98,32 @@ pub struct Dialer {
     hosts: HostOverrides,
     /// `None`: a config-file route, not fenced.
     fence: Option<Arc<ArcSwap<Fence>>>,
+    /// Where Services' ready pods are, once the interceptor follows them
+    /// (`interceptor.direct_to_pods`); set after the routes are made.
+    pods: Arc<ArcSwapOption<ServiceEndpoints>>,
 }
 
 impl Dialer {
     pub fn new(hosts: HostOverrides, fence: Option<Arc<ArcSwap<Fence>>>) -> Self {
-        Self { hosts, fence }
+        Self {
+            hosts,
+            fence,
+            pods: Arc::default(),
+        }
+    }
+
+    /// Dials a Service's ready pods once `pods` holds where they are.
+    pub fn with_pods(mut self, pods: Arc<ArcSwapOption<ServiceEndpoints>>) -> Self {
+        self.pods = pods;
+        self
+    }
+
+    /// Changes whenever the pods behind `address` may have: `None` when
+    /// it is not a Service whose pods are followed.
+    pub fn pod_changes(&self, address: &str) -> Option<watch::Receiver<u64>> {
+        let pods = self.pods.load_full()?;
+        let (host, _) = address.rsplit_once(':')?;
+        pods.changes(host)
     }
 
     pub fn fenced(&self) -> bool {
@@ -118,6 +143,13 @@ impl Dialer {
                 .into_iter()
                 .map(|ip| SocketAddr::new(ip, port))
                 .collect());
+        }
+        if let Some(pods) = self.pods.load_full()
+            && let Some((host, port)) = address.rsplit_once(':')
+            && let Ok(port) = port.parse::<u16>()
+            && let Some(found) = pods.lookup(host, port)
+        {
+            return Ok(found);
         }
         Ok(tokio::net::lookup_host(address).await?.collect())
     }
@@ -158,7 +190,8 @@ impl Dialer {
             (Some(error), _) => Err(DialError::Failed(error)),
             (None, Some(denial)) => Err(DialError::Denied(denial)),
             (None, None) => Err(DialError::Failed(
-                "the address resolves to nothing".to_string(),
+                "no address to connect to (no ready pod, or the name resolves to nothing)"
+                    .to_string(),
             )),
         }
     }

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -25,6 +25,7 @@ use super::dial::{Dialer, Fence};
 use super::http::{ClientLimits, HttpRoute, HttpRouter};
 use super::upstream::{Closing, Upstream};
 use super::{InterceptorError, RouteInfo, RouteSet, Routes, tcp};
+use crate::cluster::ServiceEndpoints;
 use crate::config::{HostOverrides, InterceptorSettings};
 use crate::listen::{ConnectionCaps, ConnectionLimit};
 use crate::routing::{Claim, Listen, Protocol, RouteSpec};
@@ -101,6 +102,9 @@ struct Inner {
     /// Shared by every declared route's upstream: a reload's
     /// `denied_networks` applies to their next connection.
     fence: Arc<ArcSwap<Fence>>,
+    /// Where Services' ready pods are, once followed
+    /// (`interceptor.direct_to_pods`): every upstream's dialer reads it.
+    pods: Arc<ArcSwapOption<ServiceEndpoints>>,
     epoch: Instant,
     /// Open connections of every listener, within `budget`.
     open: Arc<AtomicUsize>,
@@ -167,6 +171,7 @@ impl RouteControl {
                 routes,
                 limits: Arc::new(ArcSwap::from_pointee(limits)),
                 fence: Arc::new(ArcSwap::from_pointee(defaults.fence.clone())),
+                pods: Arc::default(),
                 epoch: Instant::now(),
                 open: Arc::new(AtomicUsize::new(0)),
                 budget,
@@ -183,6 +188,12 @@ impl RouteControl {
 
     pub fn routes(&self) -> Arc<Routes> {
         self.inner.routes.clone()
+    }
+
+    /// From now on, every upstream that names a Service dials its ready
+    /// pods as `pods` shows them (`interceptor.direct_to_pods`).
+    pub fn dial_pods(&self, pods: ServiceEndpoints) {
+        self.inner.pods.store(Some(Arc::new(pods)));
     }
 
     pub(super) fn client_limits(&self) -> Arc<ArcSwap<ClientLimits>> {
@@ -359,7 +370,10 @@ impl RouteControl {
                             defaults.max_held_per_route,
                             route_counters.clone(),
                         )
-                        .with_dialer(Dialer::new(defaults.hosts.clone(), fence)),
+                        .with_dialer(
+                            Dialer::new(defaults.hosts.clone(), fence)
+                                .with_pods(self.inner.pods.clone()),
+                        ),
                     )
                 }
             };

@@ -420,6 +420,9 @@ impl Upstream {
         let mut resolved: Option<(Instant, Vec<SocketAddr>)> = None;
         let mut attempts = FuturesUnordered::new();
         let mut next_attempt = Instant::now();
+        // With the Service's pods followed, a pod turning ready is seen
+        // here at once and tried then, not on the next attempt's turn.
+        let mut pods_changed = self.dialer.pod_changes(&self.address);
         loop {
             if self.counters.held() == 0 {
                 self.probing.store(false, Ordering::Release);
@@ -450,6 +453,14 @@ impl Upstream {
                     }
                     Err(_) => self.close_gate("connection attempt timed out".to_string()),
                 },
+                changed = changed_or_never(&mut pods_changed) => {
+                    if changed {
+                        resolved = None;
+                        next_attempt = Instant::now();
+                    } else {
+                        pods_changed = None;
+                    }
+                }
                 () = tokio::time::sleep_until(next_attempt) => {
                     next_attempt = Instant::now() + STAGGER;
                     let fresh = resolved
@@ -484,6 +495,15 @@ impl Upstream {
         // start the next probe.
         self.probing.store(false, Ordering::Release);
         self.accepting.send_replace(true);
+    }
+}
+
+/// Whether `changes` changed (false: its sender is gone); never returns
+/// without one.
+async fn changed_or_never(changes: &mut Option<watch::Receiver<u64>>) -> bool {
+    match changes {
+        Some(changes) => changes.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }
 

@@ -191,7 +191,8 @@ impl ControlPlane {
     /// The ServiceAccount, ClusterRoles, Roles and their bindings that
     /// `helm template` renders for a release with every feature that needs
     /// the API on (engine mode is always on; trigger authentication and
-    /// the admin port's TokenReview are switches), applied as they are.
+    /// the admin port's TokenReview are switches; the interceptor in
+    /// hoist's pods reads Services' pods), applied as they are.
     fn install_chart_rbac(&self) {
         self.must(&["create", "namespace", HOIST_NAMESPACE]);
         let rendered = Command::new("helm")
@@ -205,6 +206,8 @@ impl ControlPlane {
                 "kubernetes.triggerAuthentication=true",
                 "--set",
                 "adminAuth.enabled=true",
+                "--set",
+                "interceptor.mode=inProcess",
             ])
             .output()
             .expect("helm runs (scripts/layer-tool.sh helm)");

@@ -122,6 +122,7 @@ would allow any port from 1024).
 {{- $_ := set $routes "cold_start_timeout" .Values.interceptor.coldStartTimeout -}}
 {{- $_ := set $routes "response_timeout" .Values.interceptor.responseTimeout -}}
 {{- $_ := set $routes "max_held_per_route" .Values.interceptor.maxHeldPerRoute -}}
+{{- $_ := set $routes "direct_to_pods" .Values.interceptor.directToPods -}}
 {{- $_ := set $routes "allowed_listen_ports" (include "hoist.allowedListenPorts" . | fromJson) -}}
 {{- if .Values.interceptor.httpRoutes }}{{ $_ := set $routes "http_routes" .Values.interceptor.httpRoutes }}{{ end -}}
 {{- if .Values.interceptor.tcpRoutes }}{{ $_ := set $routes "tcp_routes" .Values.interceptor.tcpRoutes }}{{ end -}}
