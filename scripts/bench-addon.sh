@@ -35,6 +35,7 @@
 #   BENCH_ADDON_ROUTES=1000         routes in the memory and update rows
 #   BENCH_DOC=docs/BENCHMARKS.md    where the tables go ("-": standard output)
 #   BENCH_KEEP=1                    keep the work directory and leave the node up
+#   BENCH_ADDON_PROFILES=DIR        also `perf record -g` each proxy's extra point into DIR/VIA.data
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -250,10 +251,16 @@ perf_point() { # VIA ADDRESS PID
   perf stat -x, -e raw_syscalls:sys_enter,context-switches -p "$pid" -o "$work/perf-$via.csv" \
     -- sleep "$((SECONDS_PER_POINT + 1))" 2>/dev/null &
   local perf_pid=$!
+  if [ -n "${BENCH_ADDON_PROFILES:-}" ]; then
+    mkdir -p "$BENCH_ADDON_PROFILES"
+    perf record -q -F 999 -g -p "$pid" -o "$BENCH_ADDON_PROFILES/$via.data" \
+      -- sleep "$((SECONDS_PER_POINT + 1))" 2>/dev/null &
+    perf_pid="$perf_pid $!"
+  fi
   sleep 0.5
   out=$("${CLIENT[@]}" wrk -t1 -c64 -d"${SECONDS_PER_POINT}s" -H 'Host: web.bench' \
     -s "$work/report.lua" "http://$address/" | grep '^BENCHJSON' | sed 's/^BENCHJSON //') || true
-  wait "$perf_pid" || true
+  wait $perf_pid || true
   after="$(awk '{print $14, $15}' "/proc/$pid/stat")"
   python3 - "$via" "$out" "$work/perf-$via.csv" "$before" "$after" "$(getconf CLK_TCK)" >>"$results" <<'PY'
 import json, sys
