@@ -244,10 +244,23 @@ memory warm
 # Where each proxy's CPU goes: one more 64-connection point each, with
 # perf counting the process's system calls and context switches, and its
 # user and system time apart.
-perf_point() { # VIA ADDRESS PID
-  local via="$1" address="$2" pid="$3" out before after
+# user and system ticks of PIDS, as "user system".
+user_system() {
+  local p user=0 system=0 stat fields
+  for p in "$@"; do
+    stat=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+    fields=(${stat##*) })
+    user=$((user + fields[11])) system=$((system + fields[12]))
+  done
+  echo "$user $system"
+}
+perf_point() { # VIA ADDRESS PID (with its children: nginx's worker)
+  local via="$1" address="$2" out before after pids
+  pids=("$3" $(pgrep -P "$3" 2>/dev/null || true))
+  local pid
+  pid="$(IFS=,; echo "${pids[*]}")"
   wrk_report_script
-  before="$(awk '{print $14, $15}' "/proc/$pid/stat")"
+  before="$(user_system "${pids[@]}")"
   perf stat -x, -e raw_syscalls:sys_enter,context-switches -p "$pid" -o "$work/perf-$via.csv" \
     -- sleep "$((SECONDS_PER_POINT + 1))" 2>/dev/null &
   local perf_pid=$!
@@ -261,7 +274,7 @@ perf_point() { # VIA ADDRESS PID
   out=$("${CLIENT[@]}" wrk -t1 -c64 -d"${SECONDS_PER_POINT}s" -H 'Host: web.bench' \
     -s "$work/report.lua" "http://$address/" | grep '^BENCHJSON' | sed 's/^BENCHJSON //') || true
   wait $perf_pid || true
-  after="$(awk '{print $14, $15}' "/proc/$pid/stat")"
+  after="$(user_system "${pids[@]}")"
   # A point that fails is left out, not the run.
   python3 - "$via" "$out" "$work/perf-$via.csv" "$before" "$after" "$(getconf CLK_TCK)" \
     >>"$results" <<'PY' || echo "   perf point for $via failed" >&2
