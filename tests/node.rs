@@ -1026,17 +1026,8 @@ async fn a_hoist_pod_deleted_mid_climb_loses_no_capacity(
         .await;
     let deleted = &before[0];
     // From when the deletion is asked: KEDA may take the worker from 1 to
-    // 8 while `kubectl delete` runs, and the HPA then rightly lowers it as
-    // the list empties (its metric is the jobs waiting, not those in hand).
+    // 8 while `kubectl delete` runs.
     let deleted_at = watch.elapsed();
-    plane.must(&["delete", "pod", "-n", "keda", deleted, "--wait=false"]);
-    let drained = wait_for_jobs(&mut redis, JOBS, &watch, Duration::from_secs(240)).await;
-    let during: Vec<i32> = watch
-        .samples()
-        .iter()
-        .filter(|sample| sample.at >= deleted_at && sample.at <= drained)
-        .map(|sample| sample.replicas)
-        .collect();
     let at_deletion = watch
         .samples()
         .iter()
@@ -1044,8 +1035,36 @@ async fn a_hoist_pod_deleted_mid_climb_loses_no_capacity(
         .find(|sample| sample.at <= deleted_at)
         .unwrap()
         .replicas;
+    plane.must(&["delete", "pod", "-n", "keda", deleted, "--wait=false"]);
+    // The HPA (no stabilization) rightly lowers the worker as the list
+    // empties: the count must hold only while the list still asks for
+    // it (more than `listLength` 5 per replica less one). The list only
+    // shrinks, so every replica count seen up to the last poll that
+    // found it that long was decided on a metric that asked for as many.
+    let still_asking = (at_deletion.max(1) as i64 - 1) * 5;
+    let mut asked_until = deleted_at;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let waiting: i64 = redis::cmd("LLEN").arg("jobs").query(&mut redis).unwrap();
+        if waiting <= still_asking {
+            break;
+        }
+        asked_until = watch.elapsed();
+        assert!(
+            Instant::now() < deadline,
+            "{waiting} jobs still waiting after 240 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_for_jobs(&mut redis, JOBS, &watch, Duration::from_secs(240)).await;
+    let during: Vec<i32> = watch
+        .samples()
+        .iter()
+        .filter(|sample| sample.at >= deleted_at && sample.at <= asked_until)
+        .map(|sample| sample.replicas)
+        .collect();
     eprintln!(
-        "node: hoist pod {deleted} deleted at {at_deletion} replicas; while work remained the worker went {during:?}"
+        "node: hoist pod {deleted} deleted at {at_deletion} replicas; while the list asked for as many the worker went {during:?}"
     );
     assert!(
         during.iter().all(|&replicas| replicas >= at_deletion),
