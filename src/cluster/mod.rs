@@ -500,13 +500,6 @@ async fn from_file(path: &Path) -> Result<kube::Config, ClusterError> {
         })
 }
 
-/// Drops from a stored KEDA object (ScaledObject, ScaledJob, and the
-/// (Cluster)TriggerAuthentications) what hoist never reads: most of KEDA's
-/// status (rewritten on every poll of an active ScaledObject; only the HPA's
-/// name and the `Ready` condition are kept, see [`keda_status`]), the
-/// field managers, and the copy of the whole object `kubectl apply` keeps
-/// in an annotation. In a real cluster they are most of an object's bytes,
-/// and a store holds every object.
 /// A client of the API server as `settings` say, and the server's
 /// address: `None` when access is off, or `auto` and no configuration is
 /// found.
@@ -543,6 +536,13 @@ pub async fn connect_client(
     Ok(Some((client, server)))
 }
 
+/// Drops from a stored KEDA object (ScaledObject, ScaledJob, and the
+/// (Cluster)TriggerAuthentications) what hoist never reads: most of KEDA's
+/// status (rewritten on every poll of an active ScaledObject; only the HPA's
+/// name and the `Ready` condition are kept, see [`keda_status`]), the
+/// field managers, and the copy of the whole object `kubectl apply` keeps
+/// in an annotation. In a real cluster they are most of an object's bytes,
+/// and a store holds every object.
 fn keep_what_is_read(object: &mut DynamicObject) {
     use kube::ResourceExt;
     object.managed_fields_mut().clear();
