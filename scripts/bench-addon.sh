@@ -244,19 +244,9 @@ memory warm
 # Where each proxy's CPU goes: one more 64-connection point each, with
 # perf counting the process's system calls and context switches, and its
 # user and system time apart.
-# user and system ticks of PIDS, as "user system".
-user_system() {
-  local p user=0 system=0 stat fields
-  for p in "$@"; do
-    stat=$(cat "/proc/$p/stat" 2>/dev/null) || continue
-    fields=(${stat##*) })
-    user=$((user + fields[11])) system=$((system + fields[12]))
-  done
-  echo "$user $system"
-}
 perf_point() { # VIA ADDRESS PID (with its children: nginx's worker)
   local via="$1" address="$2" out before after pids
-  pids=("$3" $(pgrep -P "$3" 2>/dev/null || true))
+  pids=($(with_children "$3"))
   local pid
   pid="$(IFS=,; echo "${pids[*]}")"
   wrk_report_script

@@ -536,6 +536,16 @@ pub async fn connect_client(
     Ok(Some((client, server)))
 }
 
+/// Drops from a stored object what the API server and `kubectl` keep for
+/// themselves: the field managers, and the copy of the whole object
+/// `kubectl apply` keeps in an annotation.
+fn drop_bookkeeping<K: kube::ResourceExt>(object: &mut K) {
+    object.managed_fields_mut().clear();
+    object
+        .annotations_mut()
+        .remove("kubectl.kubernetes.io/last-applied-configuration");
+}
+
 /// Drops from a stored KEDA object (ScaledObject, ScaledJob, and the
 /// (Cluster)TriggerAuthentications) what hoist never reads: most of KEDA's
 /// status (rewritten on every poll of an active ScaledObject; only the HPA's
@@ -544,11 +554,7 @@ pub async fn connect_client(
 /// in an annotation. In a real cluster they are most of an object's bytes,
 /// and a store holds every object.
 fn keep_what_is_read(object: &mut DynamicObject) {
-    use kube::ResourceExt;
-    object.managed_fields_mut().clear();
-    object
-        .annotations_mut()
-        .remove("kubectl.kubernetes.io/last-applied-configuration");
+    drop_bookkeeping(object);
     if let Some(fields) = object.data.as_object_mut()
         && let Some(status) = fields.remove("status")
         && let Some(kept) = keda_status::keep_readiness(status)

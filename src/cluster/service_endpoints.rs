@@ -147,7 +147,7 @@ impl OneService {
             (Api::namespaced(client.clone(), &key.namespace), ()),
             super::watch_config().labels(&format!("kubernetes.io/service-name={}", key.name)),
             ("endpointslices.discovery.k8s.io", ""),
-            trim_metadata,
+            super::drop_bookkeeping,
             &stop,
             count_changes(changed.clone()),
         );
@@ -155,7 +155,7 @@ impl OneService {
             (Api::namespaced(client.clone(), &key.namespace), ()),
             super::watch_config().fields(&format!("metadata.name={}", key.name)),
             ("services", " (core API group)"),
-            trim_metadata,
+            super::drop_bookkeeping,
             &stop,
             count_changes(changed.clone()),
         );
@@ -232,13 +232,6 @@ fn count_changes<K>(changed: watch::Sender<u64>) -> impl Fn(&watcher::Event<K>) 
 
 fn is_tcp(protocol: Option<&str>) -> bool {
     protocol.is_none_or(|protocol| protocol == "TCP")
-}
-
-fn trim_metadata<K: kube::ResourceExt>(object: &mut K) {
-    object.managed_fields_mut().clear();
-    object
-        .annotations_mut()
-        .remove("kubectl.kubernetes.io/last-applied-configuration");
 }
 
 /// The addresses of the endpoints in `slices` for the Service port named

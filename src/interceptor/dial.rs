@@ -1,8 +1,8 @@
 //! How an upstream is dialled: its name resolved (hoist's code-only host
 //! table first; then, with `interceptor.direct_to_pods`, a Service's ready
-//! pods as its EndpointSlices show them; then the system), the addresses a declared route may not
-//! reach dropped (`interceptor.denied_networks`), and the rest tried in
-//! turn.
+//! pods as its EndpointSlices show them; then the system), the addresses
+//! a declared route may not reach dropped (`interceptor.denied_networks`),
+//! and the rest tried in turn.
 //!
 //! Who sends what: a declared route's upstream comes from trigger
 //! metadata, i.e. from whoever may create a ScaledObject (or, without the
@@ -137,19 +137,18 @@ impl Dialer {
         }
         if let Some((host, port)) = address.rsplit_once(':')
             && let Ok(port) = port.parse::<u16>()
-            && let Some(found) = self.hosts.lookup(host)
         {
-            return Ok(found
-                .into_iter()
-                .map(|ip| SocketAddr::new(ip, port))
-                .collect());
-        }
-        if let Some(pods) = self.pods.load_full()
-            && let Some((host, port)) = address.rsplit_once(':')
-            && let Ok(port) = port.parse::<u16>()
-            && let Some(found) = pods.lookup(host, port)
-        {
-            return Ok(found);
+            if let Some(found) = self.hosts.lookup(host) {
+                return Ok(found
+                    .into_iter()
+                    .map(|ip| SocketAddr::new(ip, port))
+                    .collect());
+            }
+            if let Some(pods) = self.pods.load_full()
+                && let Some(found) = pods.lookup(host, port)
+            {
+                return Ok(found);
+            }
         }
         Ok(tokio::net::lookup_host(address).await?.collect())
     }
