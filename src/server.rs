@@ -532,10 +532,11 @@ async fn dial_pods(
             &settings.interceptor.cluster_domain,
             cancel,
         )),
-        None => warn!(
-            setting = "interceptor.direct_to_pods",
-            "no Kubernetes configuration found: the proxies dial Services' addresses, not their pods"
-        ),
+        None => {
+            let why = "no Kubernetes configuration found: the proxies dial Services' addresses, not their pods";
+            warn!(setting = "interceptor.direct_to_pods", "{why}");
+            control.dial_services(why);
+        }
     }
     Ok(())
 }

@@ -58,7 +58,12 @@ async fn reports_need_an_allowed_service_accounts_token_and_probes_stay_open() {
     api.add_token("tenant-token", TENANT_SA, &[]);
     let hoist = Hoist::start_with(scaler(&api)).await;
 
-    for path in ["/status", "/routes/table", "/interceptor/routes"] {
+    for path in [
+        "/status",
+        "/routes/table",
+        "/interceptor/routes",
+        "/interceptor/services",
+    ] {
         let (status, body) = get(hoist.admin, path, None).await;
         assert_eq!(status, 401, "{path} without credentials: {body}");
         assert!(body.contains("Authorization: Bearer"), "{body}");

@@ -213,32 +213,9 @@ async fn interceptor_runs_alone_and_probe_reads_it() {
         text(&output.stderr)
     );
 
-    let (admin, proxy) = (free_port(), free_port());
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("interceptor.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[interceptor]\nhttp_listen = \"127.0.0.1:{proxy}\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.test\"\nupstream = \"127.0.0.1:{}\"\n",
-            free_port()
-        ),
-    )
-    .unwrap();
-    let _interceptor = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_hoist"))
-            .env("HOIST_STATE_FILE", "")
-            .env("HOIST_KUBERNETES__ENABLED", "false")
-            .args(["interceptor", "--config", file.to_str().unwrap()])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let admin_addr = format!("127.0.0.1:{admin}").parse().unwrap();
-    wait_until(Duration::from_secs(10), "the interceptor to listen", || {
-        std::net::TcpStream::connect(admin_addr).is_ok()
+    let upstream = format!("127.0.0.1:{}", free_port());
+    let (_interceptor, admin_addr, admin) = interceptor_process(&upstream, "", |command| {
+        command.env("HOIST_KUBERNETES__ENABLED", "false");
     });
     assert_eq!(http_get(admin_addr, "/readyz").await.0, 200);
     let (status, body) = http_get(admin_addr, "/interceptor/routes").await;
@@ -268,6 +245,82 @@ async fn interceptor_runs_alone_and_probe_reads_it() {
         printed.contains("metricName=http-web targetSize=10"),
         "{printed}"
     );
+}
+
+/// `interceptor.direct_to_pods` with `kubernetes.enabled = "auto"` and no
+/// cluster to be found: the interceptor still starts and dials Services
+/// by name, and its admin port says why it does not dial pods.
+#[tokio::test]
+async fn direct_to_pods_without_a_cluster_dials_services_and_says_why() {
+    let home = tempfile::tempdir().unwrap();
+    let upstream = "web.shop.svc.cluster.local:80";
+    let extra = "direct_to_pods = true\n";
+    let (_interceptor, admin_addr, _) = interceptor_process(upstream, extra, |command| {
+        // No kubeconfig and no in-cluster account: `auto` finds none.
+        command
+            .env("KUBECONFIG", home.path().join("no-kubeconfig"))
+            .env("HOME", home.path())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .env_remove("HOIST_KUBERNETES__ENABLED")
+            .env_remove("HOIST_KUBERNETES__KUBECONFIG");
+    });
+    let (status, body) = http_get(admin_addr, "/interceptor/services").await;
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["direct_to_pods"], false, "{body}");
+    assert!(
+        report["unavailable"]
+            .as_str()
+            .is_some_and(|why| why.contains("no Kubernetes configuration found")),
+        "{body}"
+    );
+    assert_eq!(report["services"], serde_json::json!([]), "{body}");
+}
+
+/// `hoist interceptor` with one HTTP route, `web.test` to `upstream`,
+/// `[interceptor]` settings `extra` (TOML lines) and its environment as
+/// `environment` makes it, once it listens; its admin address and port.
+fn interceptor_process(
+    upstream: &str,
+    extra: &str,
+    environment: impl FnOnce(&mut Command),
+) -> (Running, std::net::SocketAddr, u16) {
+    let (admin, proxy) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("interceptor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[interceptor]\n{extra}http_listen = \"127.0.0.1:{proxy}\"\n[[interceptor.http_routes]]\nname = \"web\"\nhost = \"web.test\"\nupstream = \"{upstream}\"\n"
+        ),
+    )
+    .unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hoist"));
+    command
+        .env("HOIST_STATE_FILE", "")
+        .env_remove("RUST_LOG")
+        .args(["interceptor", "--config", config.to_str().unwrap()])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    environment(&mut command);
+    let process = KillOnDrop(command.spawn().unwrap());
+    let admin_addr = format!("127.0.0.1:{admin}").parse().unwrap();
+    wait_until(Duration::from_secs(10), "the interceptor to listen", || {
+        std::net::TcpStream::connect(admin_addr).is_ok()
+    });
+    let running = Running {
+        _process: process,
+        _config: dir,
+    };
+    (running, admin_addr, admin)
+}
+
+/// A process and its config directory, kept while it runs.
+struct Running {
+    _process: KillOnDrop,
+    _config: tempfile::TempDir,
 }
 
 /// A child process that does not outlive a failing test.

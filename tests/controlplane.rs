@@ -266,17 +266,33 @@ fn service_with_slice(
     app: std::net::SocketAddr,
     ready: bool,
 ) -> String {
-    format!(
+    service_with_slices(namespace, name, &[(app, ready)])
+}
+
+/// As `service_with_slice`, with one EndpointSlice per app (`{name}-1`,
+/// `{name}-2`, ...): apps on one address differ by port, which a slice
+/// gives all its endpoints alike (as in a rollout that changes the
+/// target port).
+fn service_with_slices(
+    namespace: &str,
+    name: &str,
+    apps: &[(std::net::SocketAddr, bool)],
+) -> String {
+    let mut manifests = format!(
         r#"apiVersion: v1
 kind: Service
 metadata: {{name: {name}, namespace: {namespace}}}
 spec:
   ports: [{{name: http, port: 80, targetPort: 8080}}]
----
+"#
+    );
+    for (index, (app, ready)) in apps.iter().enumerate() {
+        manifests.push_str(&format!(
+            r#"---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: {name}-1
+  name: {name}-{number}
   namespace: {namespace}
   labels: {{kubernetes.io/service-name: {name}}}
 addressType: IPv4
@@ -285,15 +301,22 @@ endpoints:
   - addresses: ["{ip}"]
     conditions: {{ready: {ready}}}
 "#,
-        ip = app.ip(),
-        port = app.port(),
-    )
+            number = index + 1,
+            ip = app.ip(),
+            port = app.port(),
+        ));
+    }
+    manifests
 }
 
 /// An app on this machine's own address (not loopback, which an
 /// EndpointSlice may not hold): the address a UDP socket "connected"
 /// towards a documentation address would send from (nothing is sent).
 async fn app_on_this_machines_address() -> Upstream {
+    Upstream::serve(listener_on_this_machines_address().await, echo)
+}
+
+async fn listener_on_this_machines_address() -> tokio::net::TcpListener {
     let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
     probe.connect("192.0.2.1:9").unwrap();
     let address = probe.local_addr().unwrap().ip();
@@ -301,8 +324,7 @@ async fn app_on_this_machines_address() -> Upstream {
         !address.is_loopback(),
         "this machine has an address of its own"
     );
-    let listener = tokio::net::TcpListener::bind((address, 0)).await.unwrap();
-    Upstream::serve(listener, echo)
+    tokio::net::TcpListener::bind((address, 0)).await.unwrap()
 }
 
 /// hoist's interceptor with one route, `host` to the Service `name` in
@@ -1057,6 +1079,103 @@ async fn a_held_request_goes_to_the_pod_its_endpoint_slice_marks_ready() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("/held"), "the app's own answer: {body}");
     assert_eq!(app.requests(), 1);
+
+    assert_hoist_never_forbidden(plane);
+    hoist.stop().await.unwrap();
+}
+
+/// `interceptor.direct_to_pods` with two ready pods: new connections go
+/// to each in turn (as kube-proxy spreads them), one marked not ready gets
+/// no more, and `/interceptor/services` shows the Service followed with
+/// its ready endpoints. Each app closes its connection after answering,
+/// so every request is a new dial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_connections_spread_over_the_ready_pods_and_leave_one_not_ready() {
+    use support::web::{full, http1_client, send};
+    let plane = control_plane();
+    let _shared = DISRUPTION.read().await;
+    let namespace = plane.namespace("direct-pods-spread");
+    let app = |name: &'static str| async move {
+        Upstream::serve(
+            listener_on_this_machines_address().await,
+            move |_| async move {
+                let mut response = http::Response::new(full(name));
+                response
+                    .headers_mut()
+                    .insert(http::header::CONNECTION, "close".parse().unwrap());
+                response
+            },
+        )
+    };
+    let (first, second) = (app("first").await, app("second").await);
+    plane.apply(&service_with_slices(
+        &namespace,
+        "web",
+        &[(first.addr, true), (second.addr, true)],
+    ));
+    let hoist = hoist_in(plane, free_port(), |settings| {
+        dial_pods_of(settings, "web.test", "web", &namespace);
+    })
+    .await;
+    let proxy = hoist.http_proxy.expect("the interceptor proxies HTTP");
+    let services = || async {
+        let (status, body) = support::http_get(hoist.admin, "/interceptor/services").await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let followed = |report: &serde_json::Value, ready: u64| {
+        report["direct_to_pods"] == true
+            && report["services"].as_array().is_some_and(|services| {
+                services.iter().any(|s| {
+                    s["namespace"] == namespace.as_str()
+                        && s["name"] == "web"
+                        && s["listed"] == true
+                        && s["ready_endpoints"] == ready
+                })
+            })
+    };
+
+    // The first request starts the watches; wait until both pods show.
+    assert_eq!(send(&http1_client(), proxy, "web.test", "/").await.0, 200);
+    support::eventually(LIMIT, "web followed with two ready endpoints", || async {
+        followed(&services().await, 2)
+    })
+    .await;
+    let (before_first, before_second) = (first.requests(), second.requests());
+    for _ in 0..10 {
+        let (status, body) = send(&http1_client(), proxy, "web.test", "/").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (to_first, to_second) = (
+        first.requests() - before_first,
+        second.requests() - before_second,
+    );
+    assert_eq!(to_first + to_second, 10);
+    assert!(
+        to_first >= 4 && to_second >= 4,
+        "ten new connections spread over two pods: {to_first} and {to_second}"
+    );
+
+    plane.apply(&service_with_slices(
+        &namespace,
+        "web",
+        &[(first.addr, true), (second.addr, false)],
+    ));
+    support::eventually(LIMIT, "web followed with one ready endpoint", || async {
+        followed(&services().await, 1)
+    })
+    .await;
+    let before_second = second.requests();
+    for _ in 0..6 {
+        let (status, body) = send(&http1_client(), proxy, "web.test", "/").await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body, "first");
+    }
+    assert_eq!(
+        second.requests(),
+        before_second,
+        "the pod not ready gets none"
+    );
 
     assert_hoist_never_forbidden(plane);
     hoist.stop().await.unwrap();

@@ -33,7 +33,7 @@ use tracing::{debug, info};
 pub use changes::{Changed, ObjectKey, next_batch};
 pub use keda_status::{Unreconciled, unreconciled};
 pub use object::{ScaleTarget, ScaledObjectView};
-pub use service_endpoints::ServiceEndpoints;
+pub use service_endpoints::{FollowedService, ServiceEndpoints};
 pub use targets::TargetChange;
 pub use token_review::{Review, ReviewError, TokenReviewer};
 pub use trigger_auth::{AuthenticationKind, AuthenticationRef, ResolvedAuth, TriggerAuthError};

@@ -28,9 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use kube::api::Api;
 use kube::runtime::watcher;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +44,26 @@ const IDLE: Duration = Duration::from_secs(600);
 
 /// Idle Services are looked for at most this often.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// One followed Service as `GET /interceptor/services` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FollowedService {
+    pub namespace: String,
+    pub name: String,
+    /// Both watches have listed: what they show is the API's answer.
+    pub listed: bool,
+    /// Why a watch fails, while it does (the Service's name is dialled
+    /// meanwhile): a missing grant names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Ready endpoints over all the Service's EndpointSlices.
+    pub ready_endpoints: usize,
+    /// Not ready but still serving while they terminate: dialled only
+    /// when none is ready.
+    pub serving_endpoints: usize,
+    /// Since the last dial; the Service is let go after ten minutes.
+    pub idle_seconds: f64,
+}
 
 /// The Services the interceptor dials, followed. Cheap to share.
 pub struct ServiceEndpoints {
@@ -113,6 +134,19 @@ impl ServiceEndpoints {
         Some(self.follow(&key).changed.subscribe())
     }
 
+    /// Every Service followed now, by namespace and name.
+    pub fn report(&self) -> Vec<FollowedService> {
+        let now = Instant::now();
+        let followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut report: Vec<FollowedService> = followed
+            .services
+            .iter()
+            .map(|(key, service)| service.report(key, now))
+            .collect();
+        report.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        report
+    }
+
     fn follow(&self, key: &ServiceKey) -> Arc<OneService> {
         let mut followed = self.followed.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
@@ -166,6 +200,25 @@ impl OneService {
             next: AtomicUsize::new(0),
             last_used: Mutex::new(Instant::now()),
             stop,
+        }
+    }
+
+    fn report(&self, key: &ServiceKey, now: Instant) -> FollowedService {
+        let (ready_endpoints, serving_endpoints) = endpoint_counts(
+            self.slices
+                .store()
+                .state()
+                .iter()
+                .map(|slice| slice.as_ref()),
+        );
+        FollowedService {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            listed: self.slices.listed() && self.service.listed(),
+            error: self.slices.error().or_else(|| self.service.error()),
+            ready_endpoints,
+            serving_endpoints,
+            idle_seconds: self.idle_for(now).as_secs_f64(),
         }
     }
 
@@ -234,6 +287,60 @@ fn is_tcp(protocol: Option<&str>) -> bool {
     protocol.is_none_or(|protocol| protocol == "TCP")
 }
 
+#[derive(Clone, Copy)]
+enum Standing {
+    Ready,
+    /// Not ready, still serving while it terminates.
+    ServingOnly,
+}
+
+/// What an endpoint's conditions say; `None`: not to be dialled.
+fn standing(endpoint: &Endpoint) -> Option<Standing> {
+    let conditions = endpoint.conditions.as_ref();
+    // The API: an unset `ready` or `serving` is to be read as true.
+    let is_ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+    let is_serving = conditions.and_then(|c| c.serving).unwrap_or(is_ready);
+    if is_ready {
+        Some(Standing::Ready)
+    } else if is_serving {
+        Some(Standing::ServingOnly)
+    } else {
+        None
+    }
+}
+
+/// Every address of the endpoints in `slices` that may be dialled, with
+/// its slice and what its conditions say. FQDN slices are not dialled.
+fn dialable<'a>(
+    slices: impl Iterator<Item = &'a EndpointSlice>,
+) -> impl Iterator<Item = (&'a EndpointSlice, Standing, &'a str)> {
+    slices
+        .filter(|slice| matches!(slice.address_type.as_str(), "IPv4" | "IPv6"))
+        .flat_map(|slice| {
+            slice.endpoints.iter().filter_map(move |endpoint| {
+                standing(endpoint).map(|standing| (slice, standing, endpoint))
+            })
+        })
+        .flat_map(|(slice, standing, endpoint)| {
+            endpoint
+                .addresses
+                .iter()
+                .map(move |address| (slice, standing, address.as_str()))
+        })
+}
+
+/// The port `slice` gives the Service port named `port_name` (`""`: the
+/// unnamed one), if it is TCP.
+fn slice_port(slice: &EndpointSlice, port_name: &str) -> Option<u16> {
+    slice.ports.iter().flatten().find_map(|p| {
+        let named = p.name.as_deref().unwrap_or_default() == port_name;
+        (named && is_tcp(p.protocol.as_deref()))
+            .then_some(p.port)
+            .flatten()
+            .and_then(|port| u16::try_from(port).ok())
+    })
+}
+
 /// The addresses of the endpoints in `slices` for the Service port named
 /// `port_name` (`""`: the unnamed one), sorted: the ready ones; when none
 /// is ready, the ones still serving while they terminate (as kube-proxy
@@ -244,44 +351,35 @@ fn ready_addresses<'a>(
 ) -> Vec<SocketAddr> {
     let mut ready = Vec::new();
     let mut serving = Vec::new();
-    for slice in slices {
-        if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
-            continue;
-        }
-        let Some(port) = slice.ports.iter().flatten().find_map(|p| {
-            let named = p.name.as_deref().unwrap_or_default() == port_name;
-            (named && is_tcp(p.protocol.as_deref()))
-                .then_some(p.port)
-                .flatten()
-                .and_then(|port| u16::try_from(port).ok())
-        }) else {
+    for (slice, standing, address) in dialable(slices) {
+        let (Some(port), Ok(ip)) = (slice_port(slice, port_name), address.parse::<IpAddr>()) else {
             continue;
         };
-        for endpoint in &slice.endpoints {
-            let conditions = endpoint.conditions.as_ref();
-            // The API: an unset `ready` or `serving` is to be read as true.
-            let is_ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-            let is_serving = conditions.and_then(|c| c.serving).unwrap_or(is_ready);
-            let list = if is_ready {
-                &mut ready
-            } else if is_serving {
-                &mut serving
-            } else {
-                continue;
-            };
-            list.extend(
-                endpoint
-                    .addresses
-                    .iter()
-                    .filter_map(|text| text.parse::<IpAddr>().ok())
-                    .map(|ip| SocketAddr::new(ip, port)),
-            );
+        match standing {
+            Standing::Ready => ready.push(SocketAddr::new(ip, port)),
+            Standing::ServingOnly => serving.push(SocketAddr::new(ip, port)),
         }
     }
     let mut found = if ready.is_empty() { serving } else { ready };
     found.sort();
     found.dedup();
     found
+}
+
+/// Ready endpoints, and not-ready ones still serving, in `slices`: each
+/// address with its slice's ports once (an address listed in two slices
+/// with other ports is two places to dial).
+fn endpoint_counts<'a>(slices: impl Iterator<Item = &'a EndpointSlice>) -> (usize, usize) {
+    let mut ready = std::collections::BTreeSet::new();
+    let mut serving = std::collections::BTreeSet::new();
+    for (slice, standing, address) in dialable(slices) {
+        let ports: Vec<Option<i32>> = slice.ports.iter().flatten().map(|p| p.port).collect();
+        match standing {
+            Standing::Ready => ready.insert((address, ports)),
+            Standing::ServingOnly => serving.insert((address, ports)),
+        };
+    }
+    (ready.len(), serving.len())
 }
 
 #[cfg(test)]
@@ -340,6 +438,7 @@ mod tests {
             ]
         );
         assert!(ready_addresses([&web].into_iter(), "grpc").is_empty());
+        assert_eq!(endpoint_counts([&web, &fqdn].into_iter()), (2, 1));
 
         let draining = slice(serde_json::json!({
             "metadata": {"name": "web-def"},
@@ -354,5 +453,57 @@ mod tests {
             ready_addresses([&draining].into_iter(), ""),
             ["[fd00::3]:8080".parse::<SocketAddr>().unwrap()]
         );
+    }
+
+    /// An API server that refuses every connection: the watches fail.
+    fn unreachable_cluster() -> ServiceEndpoints {
+        // As `connect_client` does: two TLS providers are linked.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        ServiceEndpoints::new(client, "cluster.local", CancellationToken::new())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_watch_is_shown_and_the_name_dialled() {
+        let pods = unreachable_cluster();
+        assert_eq!(pods.lookup("web.shop.svc.cluster.local", 80), None);
+        assert_eq!(pods.lookup("example.com", 80), None, "not a Service");
+        for _ in 0..120 {
+            if pods.report().first().is_some_and(|web| web.error.is_some()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let report = pods.report();
+        assert_eq!(report.len(), 1, "{report:?}");
+        let web = &report[0];
+        assert_eq!((web.namespace.as_str(), web.name.as_str()), ("shop", "web"));
+        assert!(!web.listed);
+        let error = web.error.as_deref().unwrap();
+        assert!(error.contains("endpointslices"), "{error}");
+        assert_eq!((web.ready_endpoints, web.serving_endpoints), (0, 0));
+        assert_eq!(pods.lookup("web.shop.svc", 80), None, "still unknown");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_service_not_dialled_for_ten_minutes_is_let_go() {
+        let pods = unreachable_cluster();
+        let followed = |pods: &ServiceEndpoints| -> Vec<String> {
+            pods.report().into_iter().map(|s| s.name).collect()
+        };
+        pods.lookup("web.shop.svc", 80);
+        tokio::time::sleep(Duration::from_secs(6 * 60)).await;
+        pods.lookup("api.shop.svc", 80);
+        assert_eq!(followed(&pods), ["api", "web"]);
+        tokio::time::sleep(IDLE - Duration::from_secs(6 * 60) + Duration::from_secs(1)).await;
+        // The sweep runs on the next dial: web, idle for ten minutes, goes.
+        pods.lookup("api.shop.svc", 80);
+        assert_eq!(followed(&pods), ["api"]);
+        let api = &pods.report()[0];
+        assert_eq!(api.idle_seconds, 0.0);
+        // Dialled again, it is followed again.
+        pods.lookup("web.shop.svc", 80);
+        assert_eq!(followed(&pods), ["api", "web"]);
     }
 }

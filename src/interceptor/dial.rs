@@ -92,6 +92,39 @@ pub enum DialError {
     Denied(Denial),
 }
 
+/// How upstreams that name a Service are dialled: at its ready pods once
+/// they are followed (`interceptor.direct_to_pods`), else at its address.
+/// One per interceptor, read by every dialer and by
+/// `GET /interceptor/services`.
+#[derive(Default)]
+pub struct PodDialling {
+    endpoints: ArcSwapOption<ServiceEndpoints>,
+    /// Asked for and not possible: why (the Services are dialled).
+    unavailable: ArcSwapOption<String>,
+}
+
+impl PodDialling {
+    /// From now on, upstreams naming a Service dial its ready pods as
+    /// `endpoints` shows them.
+    pub fn follow(&self, endpoints: ServiceEndpoints) {
+        self.endpoints.store(Some(Arc::new(endpoints)));
+        self.unavailable.store(None);
+    }
+
+    /// `interceptor.direct_to_pods` is on and cannot be honoured.
+    pub fn unavailable(&self, why: &str) {
+        self.unavailable.store(Some(Arc::new(why.to_string())));
+    }
+
+    pub fn endpoints(&self) -> Option<Arc<ServiceEndpoints>> {
+        self.endpoints.load_full()
+    }
+
+    pub fn why_unavailable(&self) -> Option<String> {
+        self.unavailable.load_full().map(|why| why.to_string())
+    }
+}
+
 /// Resolves and connects one upstream. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Dialer {
@@ -100,7 +133,7 @@ pub struct Dialer {
     fence: Option<Arc<ArcSwap<Fence>>>,
     /// Where Services' ready pods are, once the interceptor follows them
     /// (`interceptor.direct_to_pods`); set after the routes are made.
-    pods: Arc<ArcSwapOption<ServiceEndpoints>>,
+    pods: Arc<PodDialling>,
 }
 
 impl Dialer {
@@ -113,7 +146,7 @@ impl Dialer {
     }
 
     /// Dials a Service's ready pods once `pods` holds where they are.
-    pub fn with_pods(mut self, pods: Arc<ArcSwapOption<ServiceEndpoints>>) -> Self {
+    pub fn with_pods(mut self, pods: Arc<PodDialling>) -> Self {
         self.pods = pods;
         self
     }
@@ -121,7 +154,7 @@ impl Dialer {
     /// Changes whenever the pods behind `address` may have: `None` when
     /// it is not a Service whose pods are followed.
     pub fn pod_changes(&self, address: &str) -> Option<watch::Receiver<u64>> {
-        let pods = self.pods.load_full()?;
+        let pods = self.pods.endpoints()?;
         let (host, _) = address.rsplit_once(':')?;
         pods.changes(host)
     }
@@ -144,7 +177,7 @@ impl Dialer {
                     .map(|ip| SocketAddr::new(ip, port))
                     .collect());
             }
-            if let Some(pods) = self.pods.load_full()
+            if let Some(pods) = self.pods.endpoints()
                 && let Some(found) = pods.lookup(host, port)
             {
                 return Ok(found);

@@ -112,6 +112,8 @@ pub struct Routes {
     http_handovers: http::Handovers,
     /// HTTP client connections closed by `send_timeout`.
     send_timeouts: Arc<std::sync::atomic::AtomicU64>,
+    /// How upstreams naming a Service are dialled.
+    pods: Arc<dial::PodDialling>,
 }
 
 impl Routes {
@@ -123,7 +125,14 @@ impl Routes {
             listeners: Mutex::new(Vec::new()),
             http_handovers: http::Handovers::default(),
             send_timeouts: Arc::default(),
+            pods: Arc::default(),
         }
+    }
+
+    /// How upstreams naming a Service are dialled
+    /// (`interceptor.direct_to_pods`).
+    pub fn pods(&self) -> Arc<dial::PodDialling> {
+        self.pods.clone()
     }
 
     /// Counts the HTTP client connections `send_timeout` closed.

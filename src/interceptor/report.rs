@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use super::counters::Load;
 use super::follow::Following;
 use super::{Protocol, Routes};
+use crate::cluster::FollowedService;
 use crate::routing::RouteSpec;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,6 +57,29 @@ impl HoldsReport {
     /// Cold starts on every route: what a long poll compares.
     pub fn generation(&self) -> u64 {
         self.routes.values().map(|route| route.cold_starts).sum()
+    }
+}
+
+/// How this interceptor dials upstreams that name a Service, and the
+/// Services whose pods it follows (`GET /interceptor/services`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServicesReport {
+    /// Upstreams naming a Service are dialled at its ready pods
+    /// (`interceptor.direct_to_pods`, with a cluster to read).
+    pub direct_to_pods: bool,
+    /// Why not, when `interceptor.direct_to_pods` asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+    pub services: Vec<FollowedService>,
+}
+
+pub fn services_report(routes: &Routes) -> ServicesReport {
+    let pods = routes.pods();
+    let endpoints = pods.endpoints();
+    ServicesReport {
+        direct_to_pods: endpoints.is_some(),
+        unavailable: pods.why_unavailable(),
+        services: endpoints.map(|e| e.report()).unwrap_or_default(),
     }
 }
 
@@ -116,6 +140,7 @@ pub fn router(
         .route("/interceptor/routes", get(get_routes))
         .route("/interceptor/holds", get(get_holds))
         .route("/interceptor/table", get(get_table))
+        .route("/interceptor/services", get(get_services))
         .with_state(ReportState {
             routes,
             following,
@@ -143,6 +168,10 @@ async fn get_table(State(state): State<ReportState>) -> axum::Json<TableReport> 
         skipped: current.skipped.clone(),
         following: state.following.as_ref().map(|f| f.borrow().clone()),
     })
+}
+
+async fn get_services(State(state): State<ReportState>) -> axum::Json<ServicesReport> {
+    axum::Json(services_report(&state.routes))
 }
 
 async fn get_routes(State(state): State<ReportState>) -> axum::Json<RoutesReport> {

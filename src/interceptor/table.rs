@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -102,9 +102,6 @@ struct Inner {
     /// Shared by every declared route's upstream: a reload's
     /// `denied_networks` applies to their next connection.
     fence: Arc<ArcSwap<Fence>>,
-    /// Where Services' ready pods are, once followed
-    /// (`interceptor.direct_to_pods`): every upstream's dialer reads it.
-    pods: Arc<ArcSwapOption<ServiceEndpoints>>,
     epoch: Instant,
     /// Open connections of every listener, within `budget`.
     open: Arc<AtomicUsize>,
@@ -171,7 +168,6 @@ impl RouteControl {
                 routes,
                 limits: Arc::new(ArcSwap::from_pointee(limits)),
                 fence: Arc::new(ArcSwap::from_pointee(defaults.fence.clone())),
-                pods: Arc::default(),
                 epoch: Instant::now(),
                 open: Arc::new(AtomicUsize::new(0)),
                 budget,
@@ -193,7 +189,13 @@ impl RouteControl {
     /// From now on, every upstream that names a Service dials its ready
     /// pods as `pods` shows them (`interceptor.direct_to_pods`).
     pub fn dial_pods(&self, pods: ServiceEndpoints) {
-        self.inner.pods.store(Some(Arc::new(pods)));
+        self.inner.routes.pods().follow(pods);
+    }
+
+    /// `interceptor.direct_to_pods` cannot be honoured, for `why`: the
+    /// Services are dialled, and `GET /interceptor/services` says why.
+    pub fn dial_services(&self, why: &str) {
+        self.inner.routes.pods().unavailable(why);
     }
 
     pub(super) fn client_limits(&self) -> Arc<ArcSwap<ClientLimits>> {
@@ -372,7 +374,7 @@ impl RouteControl {
                         )
                         .with_dialer(
                             Dialer::new(defaults.hosts.clone(), fence)
-                                .with_pods(self.inner.pods.clone()),
+                                .with_pods(self.inner.routes.pods()),
                         ),
                     )
                 }
