@@ -593,14 +593,34 @@ def report(args):
     if perf:
         table_head(out, "**Where the CPU goes** at 64 connections (one more wrk point each, with `perf stat`"
                    " counting the process's system calls and context switches; user and system time from"
-                   " `/proc/PID/stat`), per request:",
+                   " `/proc/PID/stat`), per request; reads and writes: the calls that move bytes"
+                   " (`recvfrom`, `sendto`, `read`, `write`, `readv`, `writev`, `recvmsg`, `sendmsg`),"
+                   " epoll waits: `epoll_wait` and `epoll_pwait`:",
                    [("via", False), ("user", True), ("system", True), ("system calls", True),
+                    ("reads and writes", True), ("epoll waits", True), ("futex", True),
                     ("context switches", True)])
+        def calls(l, key):
+            return f"{l[key]:.2f}" if key in l else "–"
         for l in perf:
             out.append(f"| {names.get(l['via'], l['via'])} | {l['user_us_per_request']:.1f} µs |"
                        f" {l['system_us_per_request']:.1f} µs | {l['syscalls_per_request']:.2f} |"
-                       f" {l['switches_per_request']:.3f} |")
+                       f" {calls(l, 'data_calls_per_request')} | {calls(l, 'wait_calls_per_request')} |"
+                       f" {calls(l, 'futex_per_request')} | {l['switches_per_request']:.3f} |")
         out.append("")
+        # The floor under the nginx goal: with hoist's kernel time as it
+        # is, what user time 1.3x leaves, against what the relay (which
+        # parses nothing) spends.
+        by_via = {l["via"]: l for l in perf}
+        if all(v in by_via for v in ("hoist", "nginx", "hoist-tcp")):
+            hoist, nginx, relay = by_via["hoist"], by_via["nginx"], by_via["hoist-tcp"]
+            nginx_total = nginx["user_us_per_request"] + nginx["system_us_per_request"]
+            left = nginx_total / 1.3 - hoist["system_us_per_request"]
+            goals.append(f"- In the perf point, nginx's CPU per request ÷ hoist's: "
+                         f"{nginx_total / (hoist['user_us_per_request'] + hoist['system_us_per_request']):.2f}×."
+                         f" With hoist's kernel time as measured there ({hoist['system_us_per_request']:.1f} µs),"
+                         f" 1.3× leaves hoist {left:.1f} µs of user time per request; it spent"
+                         f" {hoist['user_us_per_request']:.1f} µs, and its TCP relay, which parses nothing,"
+                         f" {relay['user_us_per_request']:.1f} µs.")
 
     # memory
     memory = [l for l in lines if l.get("bench") == "addon-memory"]

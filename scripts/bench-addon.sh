@@ -251,7 +251,14 @@ perf_point() { # VIA ADDRESS PID (with its children: nginx's worker)
   pid="$(IFS=,; echo "${pids[*]}")"
   wrk_report_script
   before="$(user_system "${pids[@]}")"
-  perf stat -x, -e raw_syscalls:sys_enter,context-switches -p "$pid" -o "$work/perf-$via.csv" \
+  # Every call, and apart the ones that move bytes (both proxies make at
+  # least four a request: read the request, write it on, read the answer,
+  # write it back) and the ones that wait for sockets.
+  local calls=raw_syscalls:sys_enter,context-switches name
+  for name in recvfrom sendto read write readv writev recvmsg sendmsg epoll_wait epoll_pwait futex; do
+    calls+=",syscalls:sys_enter_$name"
+  done
+  perf stat -x, -e "$calls" -p "$pid" -o "$work/perf-$via.csv" \
     -- sleep "$((SECONDS_PER_POINT + 1))" 2>/dev/null &
   local perf_pid=$!
   if [ -n "${BENCH_ADDON_PROFILES:-}" ]; then
@@ -279,8 +286,14 @@ for line in open(csv):
     if len(fields) > 2 and fields[0].replace(".", "").isdigit():
         counts[fields[2]] = float(fields[0])
 (u0, s0), (u1, s1) = ([int(x) for x in t.split()] for t in (before, after))
+def per_request(*names):
+    return sum(counts.get("syscalls:sys_enter_" + name, 0) for name in names) / requests
 print(json.dumps({"bench": "addon-perf", "via": via, "requests": requests,
                   "syscalls_per_request": counts.get("raw_syscalls:sys_enter", 0) / requests,
+                  "data_calls_per_request": per_request("recvfrom", "sendto", "read", "write", "readv",
+                                                        "writev", "recvmsg", "sendmsg"),
+                  "wait_calls_per_request": per_request("epoll_wait", "epoll_pwait"),
+                  "futex_per_request": per_request("futex"),
                   "switches_per_request": counts.get("context-switches", 0) / requests,
                   "user_us_per_request": (u1 - u0) * 1e6 / hz / requests,
                   "system_us_per_request": (s1 - s0) * 1e6 / hz / requests}))
