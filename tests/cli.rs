@@ -214,7 +214,7 @@ async fn interceptor_runs_alone_and_probe_reads_it() {
     );
 
     let upstream = format!("127.0.0.1:{}", free_port());
-    let (_interceptor, admin_addr, admin) = interceptor_process(&upstream, "", |command| {
+    let (_interceptor, admin_addr) = interceptor_process(&upstream, "", |command| {
         command.env("HOIST_KUBERNETES__ENABLED", "false");
     });
     assert_eq!(http_get(admin_addr, "/readyz").await.0, 200);
@@ -227,7 +227,7 @@ async fn interceptor_runs_alone_and_probe_reads_it() {
         "no scaler here"
     );
 
-    let endpoint = format!("HOIST_INTERCEPTOR__ENDPOINTS=127.0.0.1:{admin}");
+    let endpoint = format!("HOIST_INTERCEPTOR__ENDPOINTS={admin_addr}");
     let output = Command::new(env!("CARGO_BIN_EXE_hoist"))
         .env("HOIST_STATE_FILE", "")
         .env("HOIST_KUBERNETES__ENABLED", "false")
@@ -255,7 +255,7 @@ async fn direct_to_pods_without_a_cluster_dials_services_and_says_why() {
     let home = tempfile::tempdir().unwrap();
     let upstream = "web.shop.svc.cluster.local:80";
     let extra = "direct_to_pods = true\n";
-    let (_interceptor, admin_addr, _) = interceptor_process(upstream, extra, |command| {
+    let (_interceptor, admin_addr) = interceptor_process(upstream, extra, |command| {
         // No kubeconfig and no in-cluster account: `auto` finds none.
         command
             .env("KUBECONFIG", home.path().join("no-kubeconfig"))
@@ -280,12 +280,12 @@ async fn direct_to_pods_without_a_cluster_dials_services_and_says_why() {
 
 /// `hoist interceptor` with one HTTP route, `web.test` to `upstream`,
 /// `[interceptor]` settings `extra` (TOML lines) and its environment as
-/// `environment` makes it, once it listens; its admin address and port.
+/// `environment` makes it, once it listens; its admin address.
 fn interceptor_process(
     upstream: &str,
     extra: &str,
     environment: impl FnOnce(&mut Command),
-) -> (Running, std::net::SocketAddr, u16) {
+) -> (Running, std::net::SocketAddr) {
     let (admin, proxy) = (free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("interceptor.toml");
@@ -314,7 +314,7 @@ fn interceptor_process(
         _process: process,
         _config: dir,
     };
-    (running, admin_addr, admin)
+    (running, admin_addr)
 }
 
 /// A process and its config directory, kept while it runs.

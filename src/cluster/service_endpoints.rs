@@ -309,23 +309,21 @@ fn standing(endpoint: &Endpoint) -> Option<Standing> {
     }
 }
 
-/// Every address of the endpoints in `slices` that may be dialled, with
-/// its slice and what its conditions say. FQDN slices are not dialled.
-fn dialable<'a>(
-    slices: impl Iterator<Item = &'a EndpointSlice>,
-) -> impl Iterator<Item = (&'a EndpointSlice, Standing, &'a str)> {
-    slices
-        .filter(|slice| matches!(slice.address_type.as_str(), "IPv4" | "IPv6"))
-        .flat_map(|slice| {
-            slice.endpoints.iter().filter_map(move |endpoint| {
-                standing(endpoint).map(|standing| (slice, standing, endpoint))
-            })
-        })
-        .flat_map(|(slice, standing, endpoint)| {
+/// Every address of `slice`'s endpoints that may be dialled, with what
+/// its conditions say. FQDN slices are not dialled.
+fn dialable(slice: &EndpointSlice) -> impl Iterator<Item = (Standing, &str)> {
+    let endpoints: &[Endpoint] = match slice.address_type.as_str() {
+        "IPv4" | "IPv6" => &slice.endpoints,
+        _ => &[],
+    };
+    endpoints
+        .iter()
+        .filter_map(|endpoint| standing(endpoint).map(|standing| (standing, endpoint)))
+        .flat_map(|(standing, endpoint)| {
             endpoint
                 .addresses
                 .iter()
-                .map(move |address| (slice, standing, address.as_str()))
+                .map(move |address| (standing, address.as_str()))
         })
 }
 
@@ -351,13 +349,18 @@ fn ready_addresses<'a>(
 ) -> Vec<SocketAddr> {
     let mut ready = Vec::new();
     let mut serving = Vec::new();
-    for (slice, standing, address) in dialable(slices) {
-        let (Some(port), Ok(ip)) = (slice_port(slice, port_name), address.parse::<IpAddr>()) else {
+    for slice in slices {
+        let Some(port) = slice_port(slice, port_name) else {
             continue;
         };
-        match standing {
-            Standing::Ready => ready.push(SocketAddr::new(ip, port)),
-            Standing::ServingOnly => serving.push(SocketAddr::new(ip, port)),
+        for (standing, address) in dialable(slice) {
+            let Ok(ip) = address.parse::<IpAddr>() else {
+                continue;
+            };
+            match standing {
+                Standing::Ready => ready.push(SocketAddr::new(ip, port)),
+                Standing::ServingOnly => serving.push(SocketAddr::new(ip, port)),
+            }
         }
     }
     let mut found = if ready.is_empty() { serving } else { ready };
@@ -372,12 +375,14 @@ fn ready_addresses<'a>(
 fn endpoint_counts<'a>(slices: impl Iterator<Item = &'a EndpointSlice>) -> (usize, usize) {
     let mut ready = std::collections::BTreeSet::new();
     let mut serving = std::collections::BTreeSet::new();
-    for (slice, standing, address) in dialable(slices) {
+    for slice in slices {
         let ports: Vec<Option<i32>> = slice.ports.iter().flatten().map(|p| p.port).collect();
-        match standing {
-            Standing::Ready => ready.insert((address, ports)),
-            Standing::ServingOnly => serving.insert((address, ports)),
-        };
+        for (standing, address) in dialable(slice) {
+            match standing {
+                Standing::Ready => ready.insert((address, ports.clone())),
+                Standing::ServingOnly => serving.insert((address, ports.clone())),
+            };
+        }
     }
     (ready.len(), serving.len())
 }
