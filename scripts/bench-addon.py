@@ -589,6 +589,37 @@ def report(args):
         goals.append(f"- the add-on's CPU per request ÷ hoist's at 64 connections: {addon_cpu / hoist_cpu:.1f}×"
                      f" (goal ≥ 3×: {goal(addon_cpu / hoist_cpu >= 3)}).")
 
+    paced = [l for l in lines if l.get("bench") == "pace" and l.get("cpu_us_per_request")]
+    if paced:
+        table_head(out, f"**At one fixed rate** (`hoist-load pace`: {paced[0]['rate']:,} requests/s asked of"
+                   " each proxy over 64 keep-alive connections, an open loop, each request timed from when it"
+                   " was due; the same work per second for every proxy, where wrk lets each set its own pace;"
+                   " CPU per request as above; the median of the repeats):",
+                   [("via", False), ("requests/s answered", True), ("p50", True), ("p99", True),
+                    ("proxy CPU per request", True)])
+        paced_cpu = {}
+        for via in names:
+            points = [l for l in paced if l["label"] == via]
+            if not points:
+                continue
+            m = {k: statistics.median(p[k] for p in points)
+                 for k in ("achieved_rate", "p50_ms", "p99_ms", "cpu_us_per_request")}
+            paced_cpu[via] = m["cpu_us_per_request"]
+            out.append(f"| {names[via]} | {m['achieved_rate']:,.0f} | {m['p50_ms']:.2f} ms |"
+                       f" {m['p99_ms']:.2f} ms | {m['cpu_us_per_request']:.1f} µs |")
+        out.append("")
+        at_rate = f"at {paced[0]['rate']:,} requests/s"
+        hoist_paced = paced_cpu.get("hoist")
+        if hoist_paced and paced_cpu.get("nginx"):
+            ratio = paced_cpu["nginx"] / hoist_paced
+            goals.append(f"- nginx's CPU per request ÷ hoist's {at_rate}: {ratio:.2f}× (goal ≥ 1.3×: {goal(ratio >= 1.3)}).")
+        if hoist_paced and paced_cpu.get("hoist-tcp"):
+            ratio = hoist_paced / paced_cpu["hoist-tcp"]
+            goals.append(f"- hoist's HTTP route ÷ its TCP relay {at_rate}: {ratio:.2f}× (goal ≤ 1.1×: {goal(ratio <= 1.1)}).")
+        if hoist_paced and paced_cpu.get("addon"):
+            ratio = paced_cpu["addon"] / hoist_paced
+            goals.append(f"- the add-on's CPU per request ÷ hoist's {at_rate}: {ratio:.1f}× (goal ≥ 3×: {goal(ratio >= 3)}).")
+
     perf = [l for l in lines if l.get("bench") == "addon-perf"]
     if perf:
         table_head(out, "**Where the CPU goes** at 64 connections (one more wrk point each, with `perf stat`"

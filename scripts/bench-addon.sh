@@ -15,6 +15,8 @@
 #     proxy's CPU per request, RSS. hoist (the chart's directToPods) and
 #     nginx send to the app's pod, the add-on v0.15.0 (which cannot) to
 #     its Service's ClusterIP; wrk reaches each proxy's pod directly.
+#   - the same at one fixed rate (hoist-load pace, an open loop): the
+#     proxy's CPU per request when every proxy does the same work a second.
 #   - cold start: an app at zero woken by one request, its pod Ready 0, 2
 #     and 10 s after it starts, BENCH_ADDON_COLD_SAMPLES wake-ups each
 #     (scripts/bench-addon.py cold): request → answer and answer − Ready.
@@ -33,6 +35,7 @@
 #   BENCH_REPEAT=3                  runs per warm point, interleaved; the median is shown
 #   BENCH_ADDON_COLD_SAMPLES=10     wake-ups per proxy and readiness delay
 #   BENCH_ADDON_ROUTES=1000         routes in the memory and update rows
+#   BENCH_ADDON_RATE=4000           requests/s of the fixed-rate points (well below what the add-on answers at most)
 #   BENCH_DOC=docs/BENCHMARKS.md    where the tables go ("-": standard output)
 #   BENCH_KEEP=1                    keep the work directory and leave the node up
 #   BENCH_ADDON_PROFILES=DIR        also `perf record -g` each proxy's extra point into DIR/VIA.data
@@ -44,6 +47,7 @@ SECONDS_PER_POINT="${BENCH_SECONDS:-5}"
 REPEAT="${BENCH_REPEAT:-3}"
 COLD_SAMPLES="${BENCH_ADDON_COLD_SAMPLES:-10}"
 ROUTES="${BENCH_ADDON_ROUTES:-1000}"
+PACE_RATE="${BENCH_ADDON_RATE:-4000}"
 DOC="${BENCH_DOC:-docs/BENCHMARKS.md}"
 started_at=$(date +%s)
 say() { echo "== $*" >&2; }
@@ -240,6 +244,25 @@ for connections in 1 64; do
   done
 done
 memory warm
+
+# The same work per second for every proxy: wrk's closed loop lets each
+# set its own rate, and one that answers faster than wrk asks idles
+# between requests, which its CPU per request then counts too.
+say "fixed rate: hoist-load pace, $PACE_RATE requests/s, $REPEAT runs each"
+pace_point() { # VIA ADDRESS PID (with its children: nginx's worker)
+  local pid pids=() args=()
+  pids=($(with_children "$3"))
+  for pid in "${pids[@]}"; do args+=(--pid "$pid"); done
+  "${CLIENT[@]}" "$ROOT/target/release/hoist-load" --threads 1 pace --target "$2" --rate "$PACE_RATE" \
+    --seconds "$SECONDS_PER_POINT" --label "$1" "${args[@]}" 2>&1 >>"$results" | sed 's/^ */   /' >&2 ||
+    echo "   pace point for $1 failed" >&2
+}
+for rep in $(seq "$REPEAT"); do
+  pace_point hoist "$hoist_ip:8080" "$hoist_pid"
+  pace_point addon "$addon_ip:8080" "$addon_pid"
+  pace_point nginx "$nginx_ip:8080" "$nginx_pid"
+  pace_point hoist-tcp "$hoist_ip:9100" "$hoist_pid"
+done
 
 # Where each proxy's CPU goes: one more 64-connection point each, with
 # perf counting the process's system calls and context switches, and its

@@ -85,16 +85,21 @@ fn sigterm_finishes_the_job_in_hand_and_starts_no_other() {
     assert_eq!(out.trim(), "worker: job-1 done (1 in all)");
 }
 
+/// `hoist-load upstream` on loopback `port`, answering `body`.
+fn upstream_app(port: u16, body: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_hoist-load"))
+        .args(["--threads", "1", "upstream", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--body", body])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("hoist-load upstream starts")
+}
+
 #[test]
 fn the_upstream_answers_http() {
     let port = free_port();
-    let mut upstream = Command::new(env!("CARGO_BIN_EXE_hoist-load"))
-        .args(["--threads", "1", "upstream", "--listen"])
-        .arg(format!("127.0.0.1:{port}"))
-        .args(["--body", "from the app\n"])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("hoist-load upstream starts");
+    let mut upstream = upstream_app(port, "from the app\n");
     let mut answer = String::new();
     wait_until(Duration::from_secs(10), "the upstream answers", || {
         use std::io::{Read, Write};
@@ -111,4 +116,42 @@ fn the_upstream_answers_http() {
     upstream.wait().unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("from the app\n"), "{answer}");
+}
+
+#[test]
+fn pace_sends_the_rate_asked_and_times_every_answer() {
+    let port = free_port();
+    let mut upstream = upstream_app(port, "hello\n");
+    wait_until(Duration::from_secs(10), "the upstream listens", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let app_pid = upstream.id().to_string();
+    let pace = |target: String| {
+        Command::new(env!("CARGO_BIN_EXE_hoist-load"))
+            .args(["--threads", "1", "pace", "--target", &target])
+            .args(["--rate", "200", "--seconds", "1", "--connections", "4"])
+            .args(["--pid", &app_pid, "--label", "app"])
+            .output()
+            .expect("hoist-load pace runs")
+    };
+    let paced = pace(format!("127.0.0.1:{port}"));
+    assert!(paced.status.success(), "{paced:?}");
+    let result: serde_json::Value = serde_json::from_slice(&paced.stdout).unwrap();
+    // Four connections, one request each per 20 ms for a second.
+    assert_eq!(result["answered"], 200, "{result}");
+    assert_eq!(result["failed"], 0, "{result}");
+    assert_eq!(result["label"], "app");
+    let p50 = result["p50_ms"].as_f64().unwrap();
+    assert!(
+        p50 > 0.0 && p50 <= result["p99_ms"].as_f64().unwrap(),
+        "{result}"
+    );
+    assert!(result["cpu_us_per_request"].is_number(), "{result}");
+
+    upstream.kill().unwrap();
+    upstream.wait().unwrap();
+    let refused = pace(format!("127.0.0.1:{port}"));
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("connecting to 127.0.0.1:"), "{stderr}");
 }

@@ -21,6 +21,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+use super::lazy_timer::LazyTimer;
+
 /// What the connection's requests tell its reader.
 pub struct Activity {
     opened: Instant,
@@ -80,7 +82,7 @@ pub struct Deadlines<T> {
     first_byte: Duration,
     idle: Duration,
     got_bytes: bool,
-    timer: Pin<Box<Sleep>>,
+    timer: LazyTimer,
     send: Option<SendDeadline>,
 }
 
@@ -104,7 +106,7 @@ impl<T> Deadlines<T> {
             first_byte,
             idle,
             got_bytes: false,
-            timer: Box::pin(tokio::time::sleep_until(first)),
+            timer: LazyTimer::new(first),
             send: None,
         }
     }
@@ -171,39 +173,30 @@ impl<T> Deadlines<T> {
 
     /// Arms the timer for the deadline now in force; `Ready` when it has
     /// passed. Called whenever a read would wait, so the timer is always
-    /// registered while the connection is quiet.
+    /// registered while the connection is quiet. Reads no clock unless the
+    /// timer fired: this runs once per request on a keep-alive connection.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        loop {
-            let activity = &self.activity;
-            if activity.upgraded.load(Ordering::Acquire) {
-                return Poll::Pending;
-            }
-            let now = Instant::now();
-            if activity.open_requests.load(Ordering::Acquire) > 0 {
-                // Nothing to enforce: look again one idle period from now
-                // (an HTTP/2 connection may not read again on its own).
-                if self.timer.deadline() <= now {
-                    self.timer.as_mut().reset(now + self.idle);
-                }
-                let _ = self.timer.as_mut().poll(cx);
-                return Poll::Pending;
-            }
-            let idle = activity.idle_since() + self.idle;
-            let deadline = if self.got_bytes {
-                idle
-            } else {
-                idle.min(activity.opened + self.first_byte)
-            };
-            if now >= deadline {
-                return Poll::Ready(());
-            }
-            if self.timer.deadline() != deadline {
-                self.timer.as_mut().reset(deadline);
-            }
-            if self.timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
+        let activity = &self.activity;
+        if activity.upgraded.load(Ordering::Acquire) {
+            return Poll::Pending;
         }
+        if activity.open_requests.load(Ordering::Acquire) > 0 {
+            // Nothing to enforce: look again one idle period from now
+            // (an HTTP/2 connection may not read again on its own).
+            if self.timer.poll_expired(cx).is_ready() {
+                self.timer.set(Instant::now() + self.idle);
+                let _ = self.timer.poll_expired(cx);
+            }
+            return Poll::Pending;
+        }
+        let idle = activity.idle_since() + self.idle;
+        let deadline = if self.got_bytes {
+            idle
+        } else {
+            idle.min(activity.opened + self.first_byte)
+        };
+        self.timer.set(deadline);
+        self.timer.poll_expired(cx)
     }
 }
 

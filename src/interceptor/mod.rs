@@ -15,6 +15,7 @@ mod dial;
 pub mod fleet;
 pub mod follow;
 mod http;
+mod lazy_timer;
 mod refusal;
 pub mod report;
 mod request_path;

@@ -90,7 +90,7 @@ async fn forward(mut client: TcpStream, upstream: &Arc<Upstream>) -> std::io::Re
     let mut early = Vec::new();
     let mut client_done_sending = false;
     let connected = {
-        let connect = upstream.connect(upstream.deadline());
+        let connect = upstream.connect(upstream.deadline(Instant::now()));
         tokio::pin!(connect);
         loop {
             let mut buffer = [0u8; 4096];

@@ -243,9 +243,8 @@ impl Upstream {
         self.max_held.store(max_held as u64, Ordering::Relaxed);
     }
 
-    /// The deadline of a request (connection) that starts now.
-    pub fn deadline(&self) -> Instant {
-        let now = Instant::now();
+    /// The deadline of a request (connection) that starts at `now`.
+    pub fn deadline(&self, now: Instant) -> Instant {
         now.checked_add(self.cold_start_timeout())
             .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
     }
@@ -256,9 +255,14 @@ impl Upstream {
     /// Otherwise holds the caller until it accepts, or fails at `deadline`
     /// or past the cap. Dropping the future (a client that left) ends the
     /// hold.
-    pub async fn admit(self: &Arc<Self>, deadline: Instant) -> Result<(), UpstreamError> {
+    /// `now` is when the request started (read once per request).
+    pub async fn admit(
+        self: &Arc<Self>,
+        now: Instant,
+        deadline: Instant,
+    ) -> Result<(), UpstreamError> {
         if *self.accepting.borrow() {
-            if self.recently_reached() {
+            if self.recently_reached(now) {
                 return Ok(());
             }
             match self.attempt(deadline).await {
@@ -291,20 +295,24 @@ impl Upstream {
 
     /// Notes that the upstream just answered (a connection, a response).
     pub fn reached(&self) {
-        let millis = self
-            .epoch
-            .elapsed()
+        self.reached_at(Instant::now());
+    }
+
+    /// Notes that the upstream answered a request that started at `now`
+    /// (close enough, next to `TRUST_FOR`, and no clock read).
+    pub fn reached_at(&self, now: Instant) {
+        let millis = now
+            .saturating_duration_since(self.epoch)
             .as_millis()
             .try_into()
             .unwrap_or(u64::MAX);
         self.last_reached_ms.store(millis.max(1), Ordering::Release);
     }
 
-    fn recently_reached(&self) -> bool {
+    fn recently_reached(&self, now: Instant) -> bool {
         let last = self.last_reached_ms.load(Ordering::Acquire);
-        let now: u64 = self
-            .epoch
-            .elapsed()
+        let now: u64 = now
+            .saturating_duration_since(self.epoch)
             .as_millis()
             .try_into()
             .unwrap_or(u64::MAX);
@@ -360,7 +368,7 @@ impl Upstream {
     /// The name is resolved again each time: the addresses checked are
     /// the ones connected to.
     async fn attempt(&self, deadline: Instant) -> Result<TcpStream, Attempt> {
-        let bound = if self.recently_reached() {
+        let bound = if self.recently_reached(Instant::now()) {
             ATTEMPT_TIMEOUT
         } else {
             UNPROVEN_ATTEMPT_TIMEOUT

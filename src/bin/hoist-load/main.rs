@@ -16,6 +16,8 @@
 //! - `kafka-groups`: a real broker's topic and consumer groups for
 //!   scripts/bench-keda.sh (caught up, or one message behind).
 //! - `upstream`: a small HTTP/1.1 server for the interceptor benchmarks.
+//! - `pace`: HTTP/1.1 requests at a fixed rate, and the proxy's CPU per
+//!   request at that rate (the same work per second for every proxy).
 //! - `cold-start`: request held at zero → push to StreamIsActive →
 //!   response once the upstream listens.
 //! - `route-follow`: a route a ScaledObject declares → served by every
@@ -34,6 +36,7 @@ mod free_ports;
 mod grpc;
 mod kafka_groups;
 mod kafka_load;
+mod pace;
 mod process;
 mod redis_load;
 mod report;
@@ -53,6 +56,7 @@ use flood::{FloodArgs, flood};
 use free_ports::{FreePortsArgs, free_ports};
 use kafka_groups::{KafkaGroupsArgs, kafka_groups};
 use kafka_load::{KafkaLoadArgs, kafka_load};
+use pace::{PaceArgs, pace};
 use redis_load::{RedisLoadArgs, redis_load};
 use report::{ReportArgs, report};
 use route_follow::{RouteFollowArgs, route_follow};
@@ -93,6 +97,9 @@ enum Command {
     /// A minimal reverse proxy on the interceptor's stack (hyper server,
     /// hyper-util's pooled client), forwarding as is: the stack's limit.
     BareProxy(BareProxyArgs),
+    /// HTTP/1.1 requests at a fixed rate (an open loop), and the proxy's
+    /// CPU per request at that rate.
+    Pace(PaceArgs),
     /// Cold-start latency through hoist's interceptor.
     ColdStart(ColdStartArgs),
     /// How soon a declared route serves on every interceptor.
@@ -125,6 +132,7 @@ fn main() -> anyhow::Result<()> {
         Command::KafkaGroups(args) => kafka_groups(args),
         Command::Upstream(args) => runtime.block_on(upstream(args)),
         Command::BareProxy(args) => runtime.block_on(bare_proxy(args)),
+        Command::Pace(args) => runtime.block_on(pace(args)),
         Command::ColdStart(args) => runtime.block_on(cold_start(args)),
         Command::RouteFollow(args) => runtime.block_on(route_follow(args)),
         Command::Flood(args) => runtime.block_on(flood(args)),

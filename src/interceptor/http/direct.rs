@@ -23,7 +23,7 @@ use std::sync::Arc;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tracing::debug;
 
 use super::answer::Answer;
@@ -33,6 +33,7 @@ use super::request_head::{self, Forwarding, Reading};
 use super::response_head::{self, Framing, Rechunker, ResponseHead, ResponseReading};
 use super::route::HttpRoute;
 use super::{ClientConnection, HEADER_READ_TIMEOUT, Handover};
+use crate::interceptor::lazy_timer::LazyTimer;
 
 /// What a connection's input buffer starts with.
 const INPUT_CAPACITY: usize = 4096;
@@ -243,10 +244,9 @@ struct Exchange {
     upstream_in: BytesMut,
     /// What the client gets.
     client_out: Vec<u8>,
-    /// One per connection, moved forward per request: extending a
-    /// registered tokio timer is an atomic update, a new one a trip to the
-    /// wheel.
-    response_timer: Option<std::pin::Pin<Box<Sleep>>>,
+    /// One per connection, moved forward per request (lazily: see
+    /// `LazyTimer`).
+    response_timer: Option<LazyTimer>,
 }
 
 /// A buffer grown past this by one large message is given back after it:
@@ -279,17 +279,19 @@ impl Exchange {
         input: &mut BytesMut,
     ) -> bool {
         let route = &request.route;
-        let _in_flight = route.counters.start(Instant::now());
+        // The one clock read of the request's bookkeeping.
+        let now = Instant::now();
+        let _in_flight = route.counters.start(now);
         let _open = client.activity.request();
         // A shutting-down hoist answers this one, and says so.
         let close = request.close || client.shutdown.is_cancelled();
-        let deadline = route.upstream.deadline();
+        let deadline = route.upstream.deadline(now);
         let max = client.max_header_bytes;
         // Held here through a cold start, then sent and answered; a client
         // that leaves meanwhile ends it (its place in the counts too).
         let admitted = tokio::select! {
             biased;
-            admitted = route.upstream.admit(deadline) => admitted,
+            admitted = route.upstream.admit(now, deadline) => admitted,
             () = client_left(client.stream.get_ref(), input, max) => return false,
         };
         if let Err(error) = admitted {
@@ -309,7 +311,7 @@ impl Exchange {
                 return self.answer(client, &answer, close, request.head).await;
             }
         };
-        route.upstream.reached();
+        route.upstream.reached_at(now);
         let keep_client = !head.close_client;
         match self.relay(client, upstream, &head, route, input).await {
             Ok(()) => keep_client,
@@ -343,7 +345,7 @@ impl Exchange {
             let written = tokio::select! {
                 biased;
                 written = upstream.write_all(&self.upstream_out) => written,
-                () = timer.as_mut() => return Err(Answer::too_slow(&route.name, timeout)),
+                () = timer.expired() => return Err(Answer::too_slow(&route.name, timeout)),
             };
             if let Err(error) = written {
                 // Never answered: an idle connection the app had just
@@ -396,7 +398,7 @@ impl Exchange {
                 let read = tokio::select! {
                     biased;
                     read = upstream.read_buf(&mut self.upstream_in) => read,
-                    () = timer.as_mut() => return Err(Answer::too_slow(&route.name, timeout)),
+                    () = timer.expired() => return Err(Answer::too_slow(&route.name, timeout)),
                 };
                 match read {
                     Ok(0) | Err(_) if reused && !heard && request.idempotent => {
@@ -532,17 +534,14 @@ impl Exchange {
 }
 
 /// The response timer, due `timeout` from now.
-fn arm(
-    timer: &mut Option<std::pin::Pin<Box<Sleep>>>,
-    timeout: std::time::Duration,
-) -> &mut std::pin::Pin<Box<Sleep>> {
+fn arm(timer: &mut Option<LazyTimer>, timeout: std::time::Duration) -> &mut LazyTimer {
     let at = Instant::now() + timeout;
     match timer {
         Some(timer) => {
-            timer.as_mut().reset(at);
+            timer.set(at);
             timer
         }
-        None => timer.insert(Box::pin(tokio::time::sleep_until(at))),
+        None => timer.insert(LazyTimer::new(at)),
     }
 }
 
@@ -565,7 +564,11 @@ fn broken(route: &str, why: &str) -> Broken {
 /// it sends meanwhile (a pipelined request) are kept in `input`.
 async fn client_left(stream: &TcpStream, input: &mut BytesMut, max: usize) {
     loop {
-        if input.len() >= max || stream.readable().await.is_err() {
+        // The reader's one waker slot, not a waiter in the socket's list
+        // (a lock to join and one to leave, every request): nothing else
+        // reads the client's socket meanwhile.
+        let readable = std::future::poll_fn(|cx| stream.poll_read_ready(cx));
+        if input.len() >= max || readable.await.is_err() {
             // Nothing more is taken; the request goes on.
             return std::future::pending().await;
         }

@@ -122,7 +122,8 @@ async fn proxy(
         Plan::Routed(routed) => Forward::of(routed),
     };
     let route = forward.route.clone();
-    let in_flight = route.counters.start(Instant::now());
+    let now = Instant::now();
+    let in_flight = route.counters.start(now);
     let client_version = request.version();
     let upgrade = upgrade_protocol(request.headers());
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
@@ -133,8 +134,8 @@ async fn proxy(
 
     // Held here, each request on its own deadline and under the cap, while
     // the upstream is at zero; connecting waits the same way for the rest.
-    let deadline = route.upstream.deadline();
-    if let Err(error) = route.upstream.admit(deadline).await {
+    let deadline = route.upstream.deadline(now);
+    if let Err(error) = route.upstream.admit(now, deadline).await {
         return route.counted_refusal(Answer::refusal(&error));
     }
     let mut response = match (&route.h2c, client_upgrade.is_some()) {

@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::fields;
-use super::request_head::{MAX_HEADERS, digits, field_line};
+use super::request_head::{digits, field_line, header_slots};
 
 /// How the body of a response ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,43 +57,24 @@ pub fn read(
     client_close: bool,
     out: &mut Vec<u8>,
 ) -> ResponseReading {
-    // Room for most responses' fields costs little to clear; a longer
-    // head is read again with room for as many as a request may have.
-    let mut few = [httparse::EMPTY_HEADER; 24];
-    if let Some(reading) = read_with(buf, &mut few, request_was_head, client_close, out) {
-        return reading;
-    }
-    let mut all = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    read_with(buf, &mut all, request_was_head, client_close, out)
-        .unwrap_or(ResponseReading::Bad("the app sent too many header fields"))
-}
-
-/// `None`: more fields than `slots`.
-fn read_with<'b>(
-    buf: &'b [u8],
-    slots: &mut [httparse::Header<'b>],
-    request_was_head: bool,
-    client_close: bool,
-    out: &mut Vec<u8>,
-) -> Option<ResponseReading> {
-    let mut response = httparse::Response::new(slots);
-    let length = match response.parse(buf) {
+    // Uninitialised slots: nothing to clear per response, however many
+    // fields it may have.
+    let mut slots = header_slots();
+    let mut response = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut response,
+        buf,
+        &mut slots,
+    );
+    let length = match parsed {
         Ok(httparse::Status::Complete(length)) => length,
-        Ok(httparse::Status::Partial) => return Some(ResponseReading::Partial),
-        Err(httparse::Error::TooManyHeaders) => return None,
-        Err(_) => {
-            return Some(ResponseReading::Bad(
-                "the app's response head does not parse",
-            ));
+        Ok(httparse::Status::Partial) => return ResponseReading::Partial,
+        Err(httparse::Error::TooManyHeaders) => {
+            return ResponseReading::Bad("the app sent too many header fields");
         }
+        Err(_) => return ResponseReading::Bad("the app's response head does not parse"),
     };
-    Some(final_or_interim(
-        &response,
-        length,
-        request_was_head,
-        client_close,
-        out,
-    ))
+    final_or_interim(&response, length, request_was_head, client_close, out)
 }
 
 fn final_or_interim(

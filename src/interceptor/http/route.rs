@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use super::ProxyBody;
 use super::answer::Answer;
@@ -161,7 +162,7 @@ impl tower::Service<Uri> for ColdStartConnector {
     fn call(&mut self, _uri: Uri) -> Self::Future {
         let upstream = self.upstream.clone();
         Box::pin(async move {
-            let deadline = upstream.deadline();
+            let deadline = upstream.deadline(Instant::now());
             upstream.connect(deadline).await.map(TokioIo::new)
         })
     }
@@ -170,7 +171,6 @@ impl tower::Service<Uri> for ColdStartConnector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::time::Instant;
 
     #[test]
     fn path_prefixes_match_whole_segments() {
