@@ -1130,6 +1130,7 @@ async fn new_connections_spread_over_the_ready_pods_and_leave_one_not_ready() {
                     s["namespace"] == namespace.as_str()
                         && s["name"] == "web"
                         && s["listed"] == true
+                        && s["error"].is_null()
                         && s["ready_endpoints"] == ready
                 })
             })
@@ -1141,6 +1142,21 @@ async fn new_connections_spread_over_the_ready_pods_and_leave_one_not_ready() {
         followed(&services().await, 2)
     })
     .await;
+    let (status, metrics) = support::http_get(hoist.admin, "/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        format!(
+            "hoist_interceptor_service_endpoints{{upstream_namespace=\"{namespace}\",upstream_service=\"web\",standing=\"ready\"}} 2"
+        ),
+        format!(
+            "hoist_interceptor_service_endpoints{{upstream_namespace=\"{namespace}\",upstream_service=\"web\",standing=\"serving_only\"}} 0"
+        ),
+        format!(
+            "hoist_interceptor_service_watch_up{{upstream_namespace=\"{namespace}\",upstream_service=\"web\"}} 1"
+        ),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     let (before_first, before_second) = (first.requests(), second.requests());
     for _ in 0..10 {
         let (status, body) = send(&http1_client(), proxy, "web.test", "/").await;

@@ -491,6 +491,47 @@ mod tests {
         assert_eq!(pods.lookup("web.shop.svc", 80), None, "still unknown");
     }
 
+    /// An API server that answers every request as one without RBAC for
+    /// it does: 403 and a Status.
+    async fn forbidding_cluster() -> ServiceEndpoints {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let forbid = || async {
+            (
+                axum::http::StatusCode::FORBIDDEN,
+                axum::Json(serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "reason": "Forbidden", "code": 403,
+                    "message": "User \"system:serviceaccount:keda:hoist\" cannot list resource",
+                })),
+            )
+        };
+        tokio::spawn(axum::serve(listener, axum::Router::new().fallback(forbid)).into_future());
+        let config = kube::Config::new(format!("http://{address}").parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        ServiceEndpoints::new(client, "cluster.local", CancellationToken::new())
+    }
+
+    #[tokio::test]
+    async fn a_forbidden_watch_names_the_grant_it_needs() {
+        let pods = forbidding_cluster().await;
+        assert_eq!(pods.lookup("web.shop.svc", 80), None);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while pods.report()[0].error.is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let web = &pods.report()[0];
+        let error = web.error.as_deref().expect("the refusal is shown");
+        assert!(
+            error.contains("forbidden (403): grant hoist's ServiceAccount list/watch on endpointslices.discovery.k8s.io")
+                || error.contains("forbidden (403): grant hoist's ServiceAccount list/watch on services (core API group)"),
+            "{error}"
+        );
+        assert!(!web.listed);
+        assert_eq!(pods.lookup("web.shop.svc", 80), None, "the name is dialled");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_service_not_dialled_for_ten_minutes_is_let_go() {
         let pods = unreachable_cluster();

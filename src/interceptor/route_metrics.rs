@@ -41,6 +41,19 @@ struct ListenerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabels {
+    upstream_namespace: String,
+    upstream_service: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    upstream_namespace: String,
+    upstream_service: String,
+    standing: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HandoverLabels {
     reason: &'static str,
 }
@@ -211,6 +224,50 @@ impl prometheus_client::collector::Collector for RouteTraffic {
                 .load(std::sync::atomic::Ordering::Relaxed),
         )
         .encode(send_timeouts)?;
+        // The Services whose pods are dialled (`interceptor.direct_to_pods`;
+        // not `namespace` and `service`, which a scrape gives the target),
+        // so that a watch that fails (its Service's name dialled meanwhile)
+        // or a Service left without ready pods can be alerted on.
+        let followed = self
+            .0
+            .pods()
+            .endpoints()
+            .map(|endpoints| endpoints.report())
+            .unwrap_or_default();
+        let mut endpoints = encoder.encode_descriptor(
+            "hoist_interceptor_service_endpoints",
+            "Endpoints of each Service whose pods the interceptor dials (interceptor.direct_to_pods), by standing: ready, or serving_only (terminating, dialled only when none is ready)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for service in &followed {
+            for (standing, count) in [
+                ("ready", service.ready_endpoints),
+                ("serving_only", service.serving_endpoints),
+            ] {
+                let labels = EndpointLabels {
+                    upstream_namespace: service.namespace.clone(),
+                    upstream_service: service.name.clone(),
+                    standing,
+                };
+                ConstGauge::new(i64::try_from(count).unwrap_or(i64::MAX))
+                    .encode(endpoints.encode_family(&labels)?)?;
+            }
+        }
+        let mut watched = encoder.encode_descriptor(
+            "hoist_interceptor_service_watch_up",
+            "1 while both watches (Service, EndpointSlices) of a Service whose pods the interceptor dials have listed and neither fails; 0 otherwise, when its name is dialled instead (GET /interceptor/services says why)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for service in &followed {
+            let labels = ServiceLabels {
+                upstream_namespace: service.namespace.clone(),
+                upstream_service: service.name.clone(),
+            };
+            ConstGauge::new(i64::from(service.listed && service.error.is_none()))
+                .encode(watched.encode_family(&labels)?)?;
+        }
         Ok(())
     }
 }

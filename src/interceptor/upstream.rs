@@ -295,14 +295,9 @@ impl Upstream {
 
     /// Notes that the upstream just answered (a connection, a response).
     pub fn reached(&self) {
-        self.reached_at(Instant::now());
-    }
-
-    /// Notes that the upstream answered a request that started at `now`
-    /// (close enough, next to `TRUST_FOR`, and no clock read).
-    pub fn reached_at(&self, now: Instant) {
-        let millis = now
-            .saturating_duration_since(self.epoch)
+        let millis = self
+            .epoch
+            .elapsed()
             .as_millis()
             .try_into()
             .unwrap_or(u64::MAX);

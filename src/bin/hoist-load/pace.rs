@@ -5,10 +5,11 @@
 //! request counts its waits as much as its work.
 //!
 //! Each connection sends its requests on a schedule of its own, spread
-//! evenly over the period; a request is timed from when it was due, not
-//! from when the previous answer let it go (no coordinated omission).
-//! tokio's timer has a millisecond's grain, so requests leave in
-//! millisecond batches.
+//! evenly over the period. A request the previous answer held back is
+//! timed from when it was due, not from when it could leave (no
+//! coordinated omission). tokio's timer has a millisecond's grain, so
+//! requests leave in millisecond batches, and a request only the timer
+//! held is timed from when it left.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,11 +76,7 @@ pub(super) async fn pace(args: PaceArgs) -> anyhow::Result<()> {
         .into();
     let mut streams = Vec::new();
     for _ in 0..args.connections {
-        let stream = TcpStream::connect(args.target)
-            .await
-            .with_context(|| format!("connecting to {}", args.target))?;
-        stream.set_nodelay(true)?;
-        streams.push(stream);
+        streams.push(open(args.target).await?);
     }
     // Every connection asks once per `period`, offset from the others.
     let period = Duration::from_secs_f64(f64::from(args.connections) / f64::from(args.rate));
@@ -97,7 +94,12 @@ pub(super) async fn pace(args: PaceArgs) -> anyhow::Result<()> {
     for (index, stream) in streams.into_iter().enumerate() {
         let offset = period.mul_f64(index as f64 / f64::from(args.connections));
         let request = request.clone();
-        connections.spawn(keep_pace(stream, request, start + offset, period, end));
+        let schedule = Schedule {
+            first: start + offset,
+            period,
+            end,
+        };
+        connections.spawn(keep_pace(args.target, stream, request, schedule));
     }
     let mut total = Tally {
         answered: 0,
@@ -111,13 +113,18 @@ pub(super) async fn pace(args: PaceArgs) -> anyhow::Result<()> {
         total.latency.add(&tally.latency)?;
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu_seconds: f64 = cpu
+    // A process that ended meanwhile leaves the CPU unknown, not smaller.
+    let cpu_seconds: Option<f64> = cpu
         .iter()
-        .filter_map(|window| window.finish().map(|(_, seconds)| seconds))
+        .map(|window| window.finish().map(|(_, seconds)| seconds))
         .sum();
+    if cpu_seconds.is_none() {
+        eprintln!("   a --pid process ended during the run: its CPU is not known");
+    }
     let ms = |q: f64| total.latency.value_at_quantile(q) as f64 / 1000.0;
-    let per_request_us = (total.answered > 0 && !args.pids.is_empty())
-        .then(|| cpu_seconds * 1e6 / total.answered as f64);
+    let per_request_us = cpu_seconds
+        .filter(|_| total.answered > 0 && !args.pids.is_empty())
+        .map(|seconds| seconds * 1e6 / total.answered as f64);
     eprintln!(
         "   {} {}: {} answered ({:.0}/s, asked {}/s), {} failed, p50 {:.2} ms, p99 {:.2} ms{}",
         args.label,
@@ -149,15 +156,38 @@ pub(super) async fn pace(args: PaceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends `request` at `first`, `first + period`, … until `end`, each once
-/// the previous answer is in; stops at the first failure (a keep-alive
-/// connection in an unknown state cannot be reused).
-async fn keep_pace(
-    mut stream: TcpStream,
-    request: Arc<[u8]>,
+/// One connection's times: `first`, `first + period`, … before `end`.
+struct Schedule {
     first: Instant,
     period: Duration,
     end: Instant,
+}
+
+impl Schedule {
+    /// Requests due from `due` on.
+    fn left_from(&self, due: Instant) -> u64 {
+        let left = self.end.saturating_duration_since(due).as_secs_f64();
+        (left / self.period.as_secs_f64()).ceil() as u64
+    }
+}
+
+async fn open(target: SocketAddr) -> anyhow::Result<TcpStream> {
+    let stream = TcpStream::connect(target)
+        .await
+        .with_context(|| format!("connecting to {target}"))?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// Sends `request` on `schedule`, each once the previous answer is in. A
+/// request that fails is counted and the connection replaced (one in an
+/// unknown state cannot be reused); if no new one opens, the rest count
+/// as failed.
+async fn keep_pace(
+    target: SocketAddr,
+    mut stream: TcpStream,
+    request: Arc<[u8]>,
+    schedule: Schedule,
 ) -> Tally {
     let mut tally = Tally {
         answered: 0,
@@ -165,23 +195,41 @@ async fn keep_pace(
         latency: new_histogram(),
     };
     let mut input = BytesMut::with_capacity(4096);
-    let mut due = first;
-    while due < end {
+    let mut due = schedule.first;
+    // When the previous answer came in.
+    let mut free_since = Instant::now();
+    while due < schedule.end {
         tokio::time::sleep_until(due).await;
+        // A request the previous answer held back is timed from when it
+        // was due (that wait is the server's); one only the timer's
+        // millisecond grain held is timed from now (that wait is ours).
+        let started = if free_since > due {
+            due
+        } else {
+            Instant::now()
+        };
         let answered = match stream.write_all(&request).await {
             Ok(()) => read_answer(&mut stream, &mut input).await,
             Err(error) => Err(error.into()),
         };
-        if answered.is_err() {
+        due += schedule.period;
+        if answered.is_ok() {
+            tally.answered += 1;
+            let micros = started.elapsed().as_micros().max(1);
+            tally
+                .latency
+                .saturating_record(u64::try_from(micros).unwrap_or(u64::MAX));
+        } else {
             tally.failed += 1;
-            break;
+            match open(target).await {
+                Ok(fresh) => stream = fresh,
+                Err(_) => {
+                    tally.failed += schedule.left_from(due);
+                    break;
+                }
+            }
         }
-        tally.answered += 1;
-        let micros = due.elapsed().as_micros().max(1);
-        tally
-            .latency
-            .saturating_record(u64::try_from(micros).unwrap_or(u64::MAX));
-        due += period;
+        free_since = Instant::now();
     }
     tally
 }

@@ -279,7 +279,7 @@ impl Exchange {
         input: &mut BytesMut,
     ) -> bool {
         let route = &request.route;
-        // The one clock read of the request's bookkeeping.
+        // Read once for the request's count, deadline and admission.
         let now = Instant::now();
         let _in_flight = route.counters.start(now);
         let _open = client.activity.request();
@@ -311,7 +311,7 @@ impl Exchange {
                 return self.answer(client, &answer, close, request.head).await;
             }
         };
-        route.upstream.reached_at(now);
+        route.upstream.reached();
         let keep_client = !head.close_client;
         match self.relay(client, upstream, &head, route, input).await {
             Ok(()) => keep_client,
