@@ -29,7 +29,7 @@ use tracing::debug;
 use super::answer::Answer;
 use super::idle_pool::IdleConnection;
 use super::plan::{Head, Plan, plan};
-use super::request_head::{self, Forwarding, Reading};
+use super::request_head::{self, Reading};
 use super::response_head::{self, Framing, Rechunker, ResponseHead, ResponseReading};
 use super::route::HttpRoute;
 use super::{ClientConnection, HEADER_READ_TIMEOUT, Handover};
@@ -216,11 +216,7 @@ fn prepare(input: &[u8], client: &ClientConnection, out: &mut Vec<u8>) -> Step {
         return Step::Fallback(Handover::UpstreamH2c);
     }
     out.clear();
-    let forwarding = Forwarding {
-        ip: client.peer.ip.as_bytes(),
-        forwarded: client.peer.forwarded.as_bytes(),
-    };
-    request_head::write_upstream_head(out, &head, &path, fields, &forwarding);
+    request_head::write_upstream_head(out, &head, &path, fields, &client.peer.forwarding);
     out.extend_from_slice(&input[head.length..length]);
     Step::Taken(Taken::Request(Request {
         route,

@@ -28,10 +28,7 @@ pub fn request_head(bytes: &[u8]) {
     assert!(head.length <= bytes.len());
     assert!(!head.host.is_empty());
     let mut out = Vec::new();
-    let forwarding = Forwarding {
-        ip: b"10.0.0.1",
-        forwarded: b"for=10.0.0.1;proto=http",
-    };
+    let forwarding = Forwarding::new(b"10.0.0.1", b"for=10.0.0.1;proto=http");
     request_head::write_upstream_head(&mut out, &head, head.path, fields, &forwarding);
     let mut written = [httparse::EMPTY_HEADER; request_head::MAX_HEADERS + 8];
     let mut parsed = httparse::Request::new(&mut written);

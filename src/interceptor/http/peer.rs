@@ -7,6 +7,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::ClientLimits;
 use super::fields::{X_FORWARDED_FOR, X_FORWARDED_HOST, X_FORWARDED_PROTO, X_REAL_IP};
+use super::request_head::Forwarding;
 
 /// The client end of a connection: how forwarded headers name it, and
 /// what it is believed. Built once per connection, not per request.
@@ -18,22 +19,27 @@ pub(super) struct Peer {
     /// In `interceptor.trusted_proxies`: its forwarded headers are kept.
     pub(super) trusted: bool,
     pub(super) allow_encoded_slashes: bool,
+    /// `ip` and `forwarded` as the direct path writes them upstream.
+    pub(super) forwarding: Forwarding,
 }
 
 impl Peer {
     pub(super) fn new(peer: SocketAddr, limits: &ClientLimits) -> Self {
-        let ip = peer.ip().to_canonical();
-        let address = ip.to_string();
+        let ip_address = peer.ip().to_canonical();
+        let address = ip_address.to_string();
         // An IPv6 node is quoted and bracketed (RFC 7239 §6).
-        let node = match ip {
+        let node = match ip_address {
             std::net::IpAddr::V4(_) => address.clone(),
             std::net::IpAddr::V6(_) => format!("\"[{address}]\""),
         };
+        let ip = HeaderValue::from_str(&address).unwrap_or(HeaderValue::from_static("unknown"));
+        let forwarded = HeaderValue::from_str(&format!("for={node};proto=http"))
+            .unwrap_or(HeaderValue::from_static("for=unknown;proto=http"));
         Self {
-            ip: HeaderValue::from_str(&address).unwrap_or(HeaderValue::from_static("unknown")),
-            forwarded: HeaderValue::from_str(&format!("for={node};proto=http"))
-                .unwrap_or(HeaderValue::from_static("for=unknown;proto=http")),
-            trusted: crate::config::network_contains(&limits.trusted_proxies, ip),
+            forwarding: Forwarding::new(ip.as_bytes(), forwarded.as_bytes()),
+            ip,
+            forwarded,
+            trusted: crate::config::network_contains(&limits.trusted_proxies, ip_address),
             allow_encoded_slashes: limits.allow_encoded_slashes,
         }
     }

@@ -179,10 +179,21 @@ fn plain_target_byte(byte: u8) -> bool {
     super::host::unreserved_or_sub_delim(byte) || matches!(byte, b':' | b'@' | b'/' | b'?' | b'%')
 }
 
-/// The client end's forwarding headers, as written upstream.
-pub struct Forwarding<'a> {
-    pub ip: &'a [u8],
-    pub forwarded: &'a [u8],
+/// The client end's forwarding fields as written upstream: the same for
+/// every request of a connection, so rendered once, with it.
+pub struct Forwarding(Vec<u8>);
+
+impl Forwarding {
+    /// `X-Forwarded-For` and `X-Real-IP` (`ip`), `X-Forwarded-Proto`,
+    /// `Forwarded` (`forwarded`).
+    pub fn new(ip: &[u8], forwarded: &[u8]) -> Self {
+        let mut lines = Vec::with_capacity(2 * ip.len() + forwarded.len() + 64);
+        field_line(&mut lines, b"x-forwarded-for", ip);
+        field_line(&mut lines, b"x-real-ip", ip);
+        field_line(&mut lines, b"x-forwarded-proto", b"http");
+        field_line(&mut lines, b"forwarded", forwarded);
+        Self(lines)
+    }
 }
 
 /// Writes the upstream's request head into `out`: the request line with
@@ -193,7 +204,7 @@ pub fn write_upstream_head(
     head: &RequestHead<'_>,
     path: &str,
     fields: &[httparse::Header<'_>],
-    forwarding: &Forwarding<'_>,
+    forwarding: &Forwarding,
 ) {
     out.extend_from_slice(head.method.as_bytes());
     out.push(b' ');
@@ -212,10 +223,7 @@ pub fn write_upstream_head(
             field_line(out, field.name.as_bytes(), field.value);
         }
     }
-    field_line(out, b"x-forwarded-for", forwarding.ip);
-    field_line(out, b"x-real-ip", forwarding.ip);
-    field_line(out, b"x-forwarded-proto", b"http");
-    field_line(out, b"forwarded", forwarding.forwarded);
+    out.extend_from_slice(&forwarding.0);
     out.extend_from_slice(b"x-forwarded-host: ");
     out.extend_from_within(host);
     out.extend_from_slice(b"\r\n\r\n");
@@ -263,10 +271,7 @@ mod tests {
         assert_eq!(head.length, raw.len());
         assert!(!head.close);
         let mut out = Vec::new();
-        let forwarding = Forwarding {
-            ip: b"10.0.0.9",
-            forwarded: b"for=10.0.0.9;proto=http",
-        };
+        let forwarding = Forwarding::new(b"10.0.0.9", b"for=10.0.0.9;proto=http");
         write_upstream_head(&mut out, &head, "/a/b", fields, &forwarding);
         assert_eq!(
             String::from_utf8(out).unwrap(),
