@@ -308,13 +308,30 @@ fn cluster_ip(plane: &ControlPlane, namespace: &str, service: &str) -> String {
 }
 
 /// The scenarios' Redis, reached from the host through its Service's ClusterIP
-/// (kube-proxy's rules apply to the host's own connections too).
+/// (kube-proxy's rules apply to the host's own connections too). Until
+/// kube-proxy has programmed a new Service (at most once a second), its
+/// ClusterIP is no address here: the connection leaves by the default
+/// route, and whatever answers there is not Redis. So: until a PING
+/// answers PONG.
 fn demo_redis(plane: &ControlPlane) -> redis::Connection {
     let ip = cluster_ip(plane, DEMO, "redis");
-    redis::Client::open(format!("redis://{ip}:6379/"))
-        .unwrap()
-        .get_connection()
-        .expect("the demo Redis through its Service")
+    let client = redis::Client::open(format!("redis://{ip}:6379/")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answered = client.get_connection().and_then(|mut connection| {
+            redis::cmd("PING")
+                .query::<String>(&mut connection)
+                .map(|pong| (connection, pong))
+        });
+        match answered {
+            Ok((connection, pong)) if pong == "PONG" => return connection,
+            other if Instant::now() > deadline => panic!(
+                "the demo Redis through its Service ({ip}:6379): {:?}",
+                other.map(|(_, pong)| pong)
+            ),
+            _ => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
 }
 
 fn counter(redis: &mut redis::Connection, key: &str) -> i64 {
