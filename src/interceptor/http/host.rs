@@ -101,17 +101,13 @@ impl<'a> Authority<'a> {
             Some(at) => (&value[..at], &value[at + 1..]),
             None => (value, &[][..]),
         };
-        // Every byte is ASCII: this cannot fail.
+        // Every byte is ASCII: neither can fail.
         let host = std::str::from_utf8(host).ok()?;
         let port = match port {
             [] => None,
-            digits if digits.len() > 5 => return Some(Err(HostError::Port)),
-            digits => match digits.iter().try_fold(0u32, |n, d| {
-                let n = n * 10 + u32::from(d - b'0');
-                (n <= u32::from(u16::MAX)).then_some(n)
-            }) {
-                Some(n) => Some(n as u16),
-                None => return Some(Err(HostError::Port)),
+            digits => match port_number(std::str::from_utf8(digits).ok()?) {
+                Ok(port) => Some(port),
+                Err(error) => return Some(Err(error)),
             },
         };
         Some(Ok(Self { host, port }))
