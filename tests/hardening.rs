@@ -459,6 +459,51 @@ async fn shutdown_answers_held_requests_at_once_and_admin_says_not_ready() {
 }
 
 #[tokio::test]
+async fn shutdown_closes_keep_alive_connections_waiting_between_requests() {
+    let web = upstream().await;
+    let mut settings = web_to(web);
+    // Far longer than the test waits: the idle connection must be closed
+    // by the shutdown itself, not by the grace period running out.
+    settings.shutdown.grace = Some(Duration::from_secs(600));
+    let hoist = Hoist::start_with(settings).await;
+    let proxy = hoist.http_proxy.unwrap();
+    // Two answered requests on one connection (the direct path's wait
+    // for a stop is set up once and kept), then it waits for a third.
+    let mut idle = TcpStream::connect(proxy).await.unwrap();
+    for _ in 0..2 {
+        idle.write_all(b"GET / HTTP/1.1\r\nHost: web.test\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"host=web.test") {
+            let mut chunk = [0u8; 1024];
+            let read = tokio::time::timeout(PATIENCE, idle.read(&mut chunk))
+                .await
+                .expect("answered")
+                .unwrap();
+            assert!(read > 0, "open: {}", String::from_utf8_lossy(&answer));
+            answer.extend_from_slice(&chunk[..read]);
+        }
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            !answer.to_ascii_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+    }
+    let stopping = tokio::spawn(hoist.stop());
+    assert!(
+        closed_by_server(&mut idle).await,
+        "the connection waiting for its next request is closed"
+    );
+    tokio::time::timeout(PATIENCE, stopping)
+        .await
+        .expect("shutdown does not wait for the idle connection")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
 async fn drain_delay_keeps_serving_after_the_signal() {
     let web = upstream().await;
     let mut settings = web_to(web);

@@ -139,7 +139,12 @@ impl RouteCounters {
             count.saturating_add(1)
         });
         let level = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-        self.peak.fetch_max(level, Ordering::AcqRel);
+        // A read first: at a steady load the peak is rarely passed, and a
+        // `fetch_max` is a compare-and-swap loop even when it changes
+        // nothing.
+        if level > self.peak.load(Ordering::Acquire) {
+            self.peak.fetch_max(level, Ordering::AcqRel);
+        }
         InFlight {
             counters: self.clone(),
         }

@@ -295,13 +295,28 @@ impl Upstream {
 
     /// Notes that the upstream just answered (a connection, a response).
     pub fn reached(&self) {
-        let millis = self
-            .epoch
-            .elapsed()
+        self.reached_at(Instant::now());
+    }
+
+    /// `reached` at a time the caller has just read. Stored only when it
+    /// moves the mark forward: at full load most requests end within a
+    /// millisecond already stamped, and leave the shared line alone.
+    pub fn reached_at(&self, at: Instant) {
+        let millis = at
+            .saturating_duration_since(self.epoch)
             .as_millis()
             .try_into()
-            .unwrap_or(u64::MAX);
-        self.last_reached_ms.store(millis.max(1), Ordering::Release);
+            .unwrap_or(u64::MAX)
+            .max(1);
+        if self.last_reached_ms.load(Ordering::Acquire) < millis {
+            self.last_reached_ms.store(millis, Ordering::Release);
+        }
+    }
+
+    /// Whether `admit` would return at once, without waiting (the gate
+    /// open, the upstream reached within `TRUST_FOR` of `now`).
+    pub fn admits_at_once(&self, now: Instant) -> bool {
+        *self.accepting.borrow() && self.recently_reached(now)
     }
 
     fn recently_reached(&self, now: Instant) -> bool {

@@ -17,7 +17,6 @@
 //! which hyper's path does). Responses are checked by `response_head`.
 
 use std::io;
-use std::pin::pin;
 use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
@@ -60,12 +59,12 @@ pub(super) enum Served {
 pub(super) async fn serve(mut client: ClientConnection) -> Served {
     let mut input = BytesMut::with_capacity(INPUT_CAPACITY);
     let mut exchange = Exchange::default();
-    let shutdown = client.shutdown.clone();
-    let mut closing = pin!(shutdown.cancelled());
+    let stopping = client.stopping.clone();
+    let mut stop = stopping.waiter();
     loop {
         // Once hoist shuts down, no new request is taken (as hyper's
         // graceful shutdown does); the last answer said `close`.
-        if shutdown.is_cancelled() {
+        if client.stopping.is_set() {
             return Served::Closed;
         }
         let mut head_deadline = None;
@@ -91,7 +90,7 @@ pub(super) async fn serve(mut client: ClientConnection) -> Served {
                 tokio::select! {
                     biased;
                     read = client.stream.read_buf(&mut input) => read,
-                    () = closing.as_mut() => return Served::Closed,
+                    () = stop.stopped() => return Served::Closed,
                 }
             } else {
                 // A head in pieces gets what hyper gives one (slow-loris).
@@ -103,7 +102,7 @@ pub(super) async fn serve(mut client: ClientConnection) -> Served {
                         Ok(read) => read,
                         Err(_) => return Served::Closed,
                     },
-                    () = closing.as_mut() => return Served::Closed,
+                    () = stop.stopped() => return Served::Closed,
                 }
             };
             match read {
@@ -118,7 +117,7 @@ pub(super) async fn serve(mut client: ClientConnection) -> Served {
             }
             Taken::Answer(answer) => {
                 // As for a request: a shutting-down hoist says it closes.
-                let close = answer.close || client.shutdown.is_cancelled();
+                let close = answer.close || client.stopping.is_set();
                 let keep_open = exchange
                     .answer(&mut client, &answer.answer, close, answer.head)
                     .await;
@@ -275,29 +274,39 @@ impl Exchange {
         input: &mut BytesMut,
     ) -> bool {
         let route = &request.route;
-        // Read once for the request's count, deadline and admission.
+        // The clock is read twice per request (a read costs more than the
+        // rest of the bookkeeping): here, for the request's count,
+        // deadline, admission, pooled connection and response timer; and
+        // when it ends.
         let now = Instant::now();
         let _in_flight = route.counters.start(now);
-        let _open = client.activity.request();
+        let open = client.activity.request();
         // A shutting-down hoist answers this one, and says so.
-        let close = request.close || client.shutdown.is_cancelled();
+        let close = request.close || client.stopping.is_set();
         let deadline = route.upstream.deadline(now);
         let max = client.max_header_bytes;
-        // Held here through a cold start, then sent and answered; a client
-        // that leaves meanwhile ends it (its place in the counts too).
-        let admitted = tokio::select! {
-            biased;
-            admitted = route.upstream.admit(now, deadline) => admitted,
-            () = client_left(client.stream.get_ref(), input, max) => return false,
+        let sent_at = if route.upstream.admits_at_once(now) {
+            now
+        } else {
+            // Held here through a cold start, then sent and answered; a
+            // client that leaves meanwhile ends it (its place in the
+            // counts too).
+            let admitted = tokio::select! {
+                biased;
+                admitted = route.upstream.admit(now, deadline) => admitted,
+                () = client_left(client.stream.get_ref(), input, max) => return false,
+            };
+            if let Err(error) = admitted {
+                let answer = Answer::refusal(&error);
+                route.counters.refused(answer.status.as_u16());
+                return self.answer(client, &answer, close, request.head).await;
+            }
+            // The hold may have been long: the response timer starts now.
+            Instant::now()
         };
-        if let Err(error) = admitted {
-            let answer = Answer::refusal(&error);
-            route.counters.refused(answer.status.as_u16());
-            return self.answer(client, &answer, close, request.head).await;
-        }
         let sent = tokio::select! {
             biased;
-            sent = self.send(route, request, close, deadline) => sent,
+            sent = self.send(route, request, close, deadline, sent_at) => sent,
             () = client_left(client.stream.get_ref(), input, max) => return false,
         };
         let (upstream, head) = match sent {
@@ -307,37 +316,51 @@ impl Exchange {
                 return self.answer(client, &answer, close, request.head).await;
             }
         };
-        route.upstream.reached();
         let keep_client = !head.close_client;
-        match self.relay(client, upstream, &head, route, input).await {
-            Ok(()) => keep_client,
+        let relayed = self.relay(client, upstream, &head, route, input).await;
+        let done = Instant::now();
+        route.upstream.reached_at(done);
+        open.end_at(done);
+        match relayed {
+            Ok(reusable) => {
+                if let Some(upstream) = reusable {
+                    route.idle.checkin(IdleConnection::Socket(upstream), done);
+                }
+                keep_client
+            }
             Err(Broken) => false,
         }
     }
 
     /// Sends the request and reads the response head, on an idle
-    /// connection or a new one.
+    /// connection or a new one; the response timer runs from `now`, or
+    /// from when a new connection opened.
     async fn send(
         &mut self,
         route: &HttpRoute,
         request: &Request,
         close: bool,
         deadline: Instant,
+        now: Instant,
     ) -> Result<(TcpStream, ResponseHead), Answer> {
         let mut may_reuse = true;
         'attempt: loop {
-            let idle = may_reuse.then(|| route.idle.checkout_socket()).flatten();
+            let idle = may_reuse.then(|| route.idle.checkout_socket(now)).flatten();
             let reused = idle.is_some();
-            let mut upstream = match idle {
-                Some(stream) => stream,
-                None => route
-                    .upstream
-                    .connect(deadline)
-                    .await
-                    .map_err(|error| Answer::refusal(&error))?,
+            let (mut upstream, sent_at) = match idle {
+                Some(stream) => (stream, now),
+                None => {
+                    // A new connection may have waited (a cold start).
+                    let stream = route
+                        .upstream
+                        .connect(deadline)
+                        .await
+                        .map_err(|error| Answer::refusal(&error))?;
+                    (stream, Instant::now())
+                }
             };
             let timeout = route.response_timeout();
-            let timer = arm(&mut self.response_timer, timeout);
+            let timer = arm(&mut self.response_timer, sent_at + timeout);
             let written = tokio::select! {
                 biased;
                 written = upstream.write_all(&self.upstream_out) => written,
@@ -415,8 +438,8 @@ impl Exchange {
     }
 
     /// Writes the response head (in `client_out`) and the body to the
-    /// client; the app's connection goes back to the pool when its
-    /// message ended cleanly.
+    /// client; gives the app's connection back when its message ended
+    /// cleanly and it may take another.
     async fn relay(
         &mut self,
         client: &mut ClientConnection,
@@ -424,7 +447,7 @@ impl Exchange {
         head: &ResponseHead,
         route: &HttpRoute,
         input: &mut BytesMut,
-    ) -> Result<(), Broken> {
+    ) -> Result<Option<TcpStream>, Broken> {
         self.upstream_in.advance(head.length);
         let name = &route.name;
         let ended = match head.framing {
@@ -477,10 +500,7 @@ impl Exchange {
                 }
             },
         };
-        if ended && head.reusable && self.upstream_in.is_empty() {
-            route.idle.checkin(IdleConnection::Socket(upstream));
-        }
-        Ok(())
+        Ok((ended && head.reusable && self.upstream_in.is_empty()).then_some(upstream))
     }
 
     /// Moves up to `left` body bytes from the app's input to the client's
@@ -529,9 +549,8 @@ impl Exchange {
     }
 }
 
-/// The response timer, due `timeout` from now.
-fn arm(timer: &mut Option<LazyTimer>, timeout: std::time::Duration) -> &mut LazyTimer {
-    let at = Instant::now() + timeout;
+/// The response timer, due `at`.
+fn arm(timer: &mut Option<LazyTimer>, at: Instant) -> &mut LazyTimer {
     match timer {
         Some(timer) => {
             timer.set(at);

@@ -68,7 +68,7 @@ impl Http1Client {
     ) -> Result<Response<PooledBody>, SendError> {
         let head_request = request.method() == http::Method::HEAD;
         loop {
-            let (mut connection, reused) = match self.idle.checkout() {
+            let (mut connection, reused) = match self.idle.checkout(Instant::now()) {
                 Some(IdleConnection::Http1(connection)) => (connection, true),
                 Some(IdleConnection::Socket(stream)) => (self.handshake(stream).await?, true),
                 None => {
@@ -162,7 +162,7 @@ fn check_in(mut connection: Box<Http1Connection>, idle: &IdlePool, response_time
     // With the response read, one poll moves the connection to idle
     // and makes its sender ready.
     if connection.reusable(&mut Context::from_waker(Waker::noop())) {
-        idle.checkin(IdleConnection::Http1(connection));
+        idle.checkin(IdleConnection::Http1(connection), Instant::now());
     } else if let Some(driver) = connection.driver.take() {
         finish_upload(driver, response_timeout);
     }

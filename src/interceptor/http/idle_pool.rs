@@ -72,20 +72,23 @@ impl IdlePool {
         pool
     }
 
-    /// The newest idle connection still open.
-    pub fn checkout(&self) -> Option<IdleConnection> {
+    /// The newest idle connection still open, at `now` (a time the caller
+    /// has just read).
+    pub fn checkout(&self, now: Instant) -> Option<IdleConnection> {
         loop {
             let mut idle = self.lock().pop()?;
-            if idle.since.elapsed() < self.idle_timeout && idle.connection.quiet() {
+            if now.saturating_duration_since(idle.since) < self.idle_timeout
+                && idle.connection.quiet()
+            {
                 return Some(idle.connection);
             }
         }
     }
 
     /// The newest idle connection still open, as a plain socket.
-    pub fn checkout_socket(&self) -> Option<TcpStream> {
+    pub fn checkout_socket(&self, now: Instant) -> Option<TcpStream> {
         loop {
-            match self.checkout()? {
+            match self.checkout(now)? {
                 IdleConnection::Socket(stream) => return Some(stream),
                 IdleConnection::Http1(connection) => {
                     if let Some(stream) = connection.into_socket() {
@@ -96,14 +99,14 @@ impl IdlePool {
         }
     }
 
-    /// Keeps a connection that ended a message cleanly.
-    pub fn checkin(&self, connection: IdleConnection) {
+    /// Keeps a connection that ended a message cleanly, idle from `now`.
+    pub fn checkin(&self, connection: IdleConnection, now: Instant) {
         let evicted = {
             let mut idle = self.lock();
             let evicted = (idle.len() >= self.max_idle).then(|| idle.remove(0));
             idle.push(Idle {
                 connection,
-                since: Instant::now(),
+                since: now,
             });
             evicted
         };
@@ -187,14 +190,14 @@ mod tests {
         let (open, _open_end) = pair(&listener).await;
         let (closed, closed_end) = pair(&listener).await;
         let (chatty, mut chatty_end) = pair(&listener).await;
-        pool.checkin(IdleConnection::Socket(open));
-        pool.checkin(IdleConnection::Socket(closed));
-        pool.checkin(IdleConnection::Socket(chatty));
+        pool.checkin(IdleConnection::Socket(open), Instant::now());
+        pool.checkin(IdleConnection::Socket(closed), Instant::now());
+        pool.checkin(IdleConnection::Socket(chatty), Instant::now());
         drop(closed_end);
         chatty_end.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(pool.checkout().is_some(), "the open one");
-        assert!(pool.checkout().is_none());
+        assert!(pool.checkout(Instant::now()).is_some(), "the open one");
+        assert!(pool.checkout(Instant::now()).is_none());
     }
 
     #[tokio::test]
@@ -205,7 +208,7 @@ mod tests {
         for _ in 0..3 {
             let (client, server) = pair(&listener).await;
             ends.push(server);
-            pool.checkin(IdleConnection::Socket(client));
+            pool.checkin(IdleConnection::Socket(client), Instant::now());
         }
         assert_eq!(pool.idle_count(), 2);
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -22,6 +22,7 @@ mod replay;
 mod request_head;
 mod response_head;
 mod route;
+mod stopping;
 mod stream_deadline;
 
 use std::net::SocketAddr;
@@ -40,6 +41,7 @@ use direct::Served;
 use hyper_path::{ServerBuilder, serve_with_hyper, server_builder};
 use peer::Peer;
 pub use route::{HttpRoute, HttpRouter};
+use stopping::Stopping;
 
 use super::Routes;
 use super::deadline::{Activity, Deadlines};
@@ -101,9 +103,13 @@ pub async fn serve(
     let mut current = limits.load_full();
     let mut builder = Arc::new(server_builder(&current));
     let graceful = GracefulShutdown::new();
+    let stopping = Stopping::default();
     loop {
         let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
+            _ = shutdown.cancelled() => {
+                stopping.set();
+                break;
+            }
             accepted = crate::listen::accept(&listener, "interceptor HTTP") => accepted,
         };
         // Past a cap the client is told 503 (counted and logged).
@@ -134,7 +140,7 @@ pub async fn serve(
             max_header_bytes: current.max_header_bytes,
             send_timeout: current.send_timeout,
             watcher: graceful.watcher(),
-            shutdown: shutdown.clone(),
+            stopping: stopping.clone(),
         };
         tokio::spawn(async move {
             // A trusted proxy's forwarded headers are appended to: hyper's
@@ -237,5 +243,6 @@ struct ClientConnection {
     send_timeout: Duration,
     /// Keeps hoist's graceful shutdown waiting while the connection lasts.
     watcher: Watcher,
-    shutdown: CancellationToken,
+    /// Asked per request, and waited on between requests.
+    stopping: Stopping,
 }
