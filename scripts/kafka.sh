@@ -204,8 +204,20 @@ up() {
       -Djava.rmi.server.hostname=127.0.0.1 -Dcom.sun.management.jmxremote.authenticate=false
       -Dcom.sun.management.jmxremote.ssl=false -Dcom.sun.management.jmxremote.local.only=true)
   fi
+  # A cluster id is a UUID in URL-safe base64, which starts with `-` once
+  # in 64: StorageTool's parser then reads it as an option and fails
+  # ("--cluster-id: expected one argument"). Kafka's own random-uuid draws
+  # again in that case; so does this.
+  cluster_id="$(python3 -c '
+import base64, uuid
+while True:
+    id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not id.startswith("-"):
+        print(id)
+        break
+')"
   "${java[@]}" kafka.tools.StorageTool format --config "$DIR/server.properties" \
-    --cluster-id "$(python3 -c 'import base64,uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')" \
+    --cluster-id "$cluster_id" \
     --add-scram "SCRAM-SHA-256=[name=$USER_NAME,password=$USER_PASSWORD]" \
     --add-scram "SCRAM-SHA-512=[name=$USER_NAME,password=$USER_PASSWORD]" \
     >"$DIR/logs/format.log" 2>&1 || { tail -20 "$DIR/logs/format.log" >&2; fail "formatting the log dir failed"; }

@@ -140,8 +140,8 @@ impl RouteCounters {
         });
         let level = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         // A read first: at a steady load the peak is rarely passed, and a
-        // `fetch_max` is a compare-and-swap loop even when it changes
-        // nothing.
+        // `fetch_max` takes the cache line for writing even when it
+        // changes nothing.
         if level > self.peak.load(Ordering::Acquire) {
             self.peak.fetch_max(level, Ordering::AcqRel);
         }

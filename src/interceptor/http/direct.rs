@@ -274,10 +274,11 @@ impl Exchange {
         input: &mut BytesMut,
     ) -> bool {
         let route = &request.route;
-        // The clock is read twice per request (in perf's samples clock
-        // reads were the route's largest user-space cost): here, for the
-        // request's count, deadline, admission, pooled connection and
-        // response timer; and when it ends.
+        // The clock is read twice per request on the usual path (in perf's
+        // samples clock reads were the route's largest user-space cost):
+        // here, for the request's count, deadline, admission, pooled
+        // connection and response timer; and when it ends. A hold or a new
+        // connection reads it again.
         let now = Instant::now();
         let _in_flight = route.counters.start(now);
         let open = client.activity.request();
@@ -319,16 +320,21 @@ impl Exchange {
         let keep_client = !head.close_client;
         let relayed = self.relay(client, upstream, &head, route, input).await;
         let done = Instant::now();
-        route.upstream.reached_at(done);
         open.end_at(done);
         match relayed {
             Ok(reusable) => {
+                route.upstream.reached_at(done);
                 if let Some(upstream) = reusable {
                     route.idle.checkin(IdleConnection::Socket(upstream), done);
                 }
                 keep_client
             }
-            Err(Broken) => false,
+            Err(Broken) => {
+                // The app answered a head, but a body that broke (maybe the
+                // app failing) earns no trust later than the request.
+                route.upstream.reached_at(sent_at);
+                false
+            }
         }
     }
 

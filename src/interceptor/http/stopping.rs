@@ -115,6 +115,41 @@ mod tests {
         assert!(stopping.is_set());
     }
 
+    struct Woken(std::sync::atomic::AtomicBool);
+
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_wait_polled_with_another_waker_wakes_that_one() {
+        let stopping = Stopping::default();
+        let mut waiter = stopping.waiter();
+        let first = Arc::new(Woken(AtomicBool::new(false)));
+        let second = Arc::new(Woken(AtomicBool::new(false)));
+        let first_waker = Waker::from(first.clone());
+        let second_waker = Waker::from(second.clone());
+        for _ in 0..2 {
+            let polled = waiter.poll_stopped(&mut Context::from_waker(&first_waker));
+            assert!(polled.is_pending());
+        }
+        let polled = waiter.poll_stopped(&mut Context::from_waker(&second_waker));
+        assert!(polled.is_pending());
+        stopping.set();
+        assert!(
+            second.0.load(Ordering::SeqCst),
+            "the last poll's waker is woken"
+        );
+        assert!(
+            !first.0.load(Ordering::SeqCst),
+            "the one it replaced is not"
+        );
+        let polled = waiter.poll_stopped(&mut Context::from_waker(&second_waker));
+        assert!(polled.is_ready());
+    }
+
     #[tokio::test]
     async fn a_wait_begun_after_the_stop_ends_at_once() {
         let stopping = Stopping::default();
