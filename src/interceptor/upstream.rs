@@ -302,12 +302,7 @@ impl Upstream {
     /// moves the mark forward: at full load most requests end within a
     /// millisecond already stamped, and leave the shared line alone.
     pub fn reached_at(&self, at: Instant) {
-        let millis = at
-            .saturating_duration_since(self.epoch)
-            .as_millis()
-            .try_into()
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let millis = self.millis(at).max(1);
         if self.last_reached_ms.load(Ordering::Acquire) < millis {
             self.last_reached_ms.store(millis, Ordering::Release);
         }
@@ -321,12 +316,15 @@ impl Upstream {
 
     fn recently_reached(&self, now: Instant) -> bool {
         let last = self.last_reached_ms.load(Ordering::Acquire);
-        let now: u64 = now
-            .saturating_duration_since(self.epoch)
+        last != 0 && self.millis(now).saturating_sub(last) < TRUST_FOR.as_millis() as u64
+    }
+
+    /// `at` in ms since `epoch`, the unit of `last_reached_ms`.
+    fn millis(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch)
             .as_millis()
             .try_into()
-            .unwrap_or(u64::MAX);
-        last != 0 && now.saturating_sub(last) < TRUST_FOR.as_millis() as u64
+            .unwrap_or(u64::MAX)
     }
 
     /// Returns at once while the gate is open; otherwise holds the caller
